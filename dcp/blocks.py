@@ -1,0 +1,178 @@
+"""Data blocks and computation blocks of a batch.
+
+A *token block* is a contiguous run of tokens of one sequence; all heads of a token block share one home
+device. Query heads are cut into *head blocks* of ``head_block_size`` heads; head block ``h`` reads the KV
+heads its query heads map to under GQA. A *tile* is a (q token block, kv token block, head block) triple
+of one sequence whose mask area is non-empty; it is *full* when every (q, kv) pair is unmasked.
+
+Counting the unmasked pairs of every tile is vectorized: each KV range of each query token adds its
+overlap with every KV block it spans (first and last blocks partially, interior blocks fully through a
+difference array), accumulated with ``np.bincount``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dcp.errors import InvalidConfigError
+from dcp.spec import BatchSpec
+
+
+@dataclass(frozen=True, eq=False)
+class BlockLayout:
+    """Token blocks (arrays indexed by token block id) and head blocks.
+
+    ``tb_seq[b]``: sequence of block b; ``tb_start[b]``: first token, as a row of the packed batch;
+    ``tb_len[b]``: tokens; ``seq_tb_ptr[s]:seq_tb_ptr[s+1]``: the blocks of sequence s, in token order.
+    """
+
+    tb_seq: np.ndarray
+    tb_start: np.ndarray
+    tb_len: np.ndarray
+    seq_tb_ptr: np.ndarray
+    head_block_size: int
+    n_head_blocks: int
+    kv_heads_per_block: int
+
+    @property
+    def n_token_blocks(self) -> int:
+        return int(self.tb_len.size)
+
+    def seq_bounds(self, seq: int) -> np.ndarray:
+        """Block boundaries of sequence ``seq`` in local token positions: int64 ``[n_blocks + 1]``."""
+        lo, hi = self.seq_tb_ptr[seq], self.seq_tb_ptr[seq + 1]
+        first = self.tb_start[lo]
+        return np.concatenate([self.tb_start[lo:hi] - first, [self.tb_start[hi - 1] + self.tb_len[hi - 1] - first]])
+
+    def kv_head_range(self, hb: int) -> tuple[int, int]:
+        """KV heads [lo, hi) read by head block ``hb``."""
+        return hb * self.kv_heads_per_block, (hb + 1) * self.kv_heads_per_block
+
+
+def head_blocking(spec: BatchSpec, head_block_size: int | None) -> tuple[int, int, int]:
+    """(query heads per head block, number of head blocks, kv heads per head block)."""
+    hqb = spec.num_heads if head_block_size is None else head_block_size
+    g = spec.group_size
+    if not isinstance(hqb, (int, np.integer)) or hqb <= 0 or spec.num_heads % hqb:
+        raise InvalidConfigError(f"head_block_size={head_block_size} must be a positive divisor of "
+                                 f"num_heads={spec.num_heads}")
+    if hqb % g:
+        # fewer query heads than one KV group per block: the KV head is replicated to each block
+        if g % hqb:
+            raise InvalidConfigError(f"head_block_size={hqb} must be a multiple or a divisor of the GQA "
+                                     f"group size {g}")
+        return int(hqb), spec.num_heads // hqb, 1
+    return int(hqb), spec.num_heads // hqb, hqb // g
+
+
+def uniform_cuts(seqlen: int, block_size: int) -> np.ndarray:
+    """Boundaries ``[0, B, 2B, ..., seqlen]``: the last block keeps the remainder (no padding)."""
+    return np.append(np.arange(0, seqlen, block_size, dtype=np.int64), seqlen)
+
+
+def make_layout(spec: BatchSpec, bounds_per_seq: Sequence[np.ndarray], head_block_size: int | None) -> BlockLayout:
+    """Layout from explicit block boundaries of every sequence (each ``[0, ..., seqlen]``, increasing)."""
+    hqb, nhb, kvb = head_blocking(spec, head_block_size)
+    cu = spec.cu_seqlens
+    starts, lens, seqs, ptr = [], [], [], [0]
+    for s, bounds in enumerate(bounds_per_seq):
+        bounds = np.asarray(bounds, dtype=np.int64)
+        if bounds[0] != 0 or bounds[-1] != spec.seqlens[s] or (np.diff(bounds) <= 0).any():
+            raise InvalidConfigError(f"block boundaries of sequence {s} must increase from 0 to {spec.seqlens[s]}")
+        starts.append(cu[s] + bounds[:-1])
+        lens.append(np.diff(bounds))
+        seqs.append(np.full(bounds.size - 1, s, dtype=np.int32))
+        ptr.append(ptr[-1] + bounds.size - 1)
+    return BlockLayout(np.concatenate(seqs), np.concatenate(starts), np.concatenate(lens).astype(np.int32),
+                       np.asarray(ptr, dtype=np.int32), hqb, nhb, kvb)
+
+
+def uniform_layout(spec: BatchSpec, block_size: int, head_block_size: int | None = None) -> BlockLayout:
+    if not isinstance(block_size, (int, np.integer)) or isinstance(block_size, bool) or block_size <= 0:
+        raise InvalidConfigError(f"block_size must be a positive int, got {block_size!r}")
+    return make_layout(spec, [uniform_cuts(n, block_size) for n in spec.seqlens], head_block_size)
+
+
+@dataclass(frozen=True, eq=False)
+class TileSet:
+    """Computation blocks, arrays indexed by tile id (sorted by q block, head block, kv block).
+
+    ``unmasked``: exact count of attended (q, kv) pairs per head; ``fwd_flops``/``bwd_flops``: FLOPs of the
+    tile over its head block (forward 4·pairs·D·heads: QKᵀ and PV; backward 2.5× that: five matmuls).
+    """
+
+    q_tb: np.ndarray
+    kv_tb: np.ndarray
+    hb: np.ndarray
+    unmasked: np.ndarray
+    full: np.ndarray
+    fwd_flops: np.ndarray
+    bwd_flops: np.ndarray
+
+    @property
+    def n_tiles(self) -> int:
+        return int(self.q_tb.size)
+
+
+def pair_counts(ranges_tr2: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Unmasked pair counts between the blocks of one sequence: int64 ``[n_blocks, n_blocks]`` (q, kv)."""
+    nb = bounds.size - 1
+    seqlen = int(bounds[-1])
+    lens = np.diff(bounds)
+    r = ranges_tr2.shape[1]
+    s = ranges_tr2[:, :, 0].reshape(-1).astype(np.int64)
+    e = ranges_tr2[:, :, 1].reshape(-1).astype(np.int64)
+    if nb == 1:
+        return np.array([[int((e - s).sum())]], dtype=np.int64)
+    tok_block = np.searchsorted(bounds, np.arange(seqlen), side="right") - 1
+    g = np.repeat(tok_block, r)
+    used = e > s
+    s, e, g = s[used], e[used], g[used]
+    js = np.searchsorted(bounds, s, side="right") - 1
+    je = np.searchsorted(bounds, e - 1, side="right") - 1
+    same = js == je
+    w_first = np.where(same, e - s, bounds[js + 1] - s)
+    counts = np.bincount(g * nb + js, weights=w_first, minlength=nb * nb)
+    diff = ~same
+    counts += np.bincount(g[diff] * nb + je[diff], weights=(e - bounds[je])[diff], minlength=nb * nb)
+    inner = diff & (je > js + 1)
+    if inner.any():
+        gi = g[inner] * (nb + 1)
+        ind = np.bincount(gi + js[inner] + 1, minlength=nb * (nb + 1)) - \
+            np.bincount(gi + je[inner], minlength=nb * (nb + 1))
+        spans = np.cumsum(ind.reshape(nb, nb + 1), axis=1)[:, :nb]
+        counts += (spans * lens[None, :]).reshape(-1)
+    return np.rint(counts).astype(np.int64).reshape(nb, nb)
+
+
+def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
+    """All non-empty tiles of the batch under ``layout``."""
+    q_parts, k_parts, c_parts = [], [], []
+    for seq in range(spec.num_seqs):
+        bounds = layout.seq_bounds(seq)
+        counts = pair_counts(spec.kv_ranges(seq), bounds)
+        qi, ki = np.nonzero(counts)
+        base = layout.seq_tb_ptr[seq]
+        q_parts.append(qi + base)
+        k_parts.append(ki + base)
+        c_parts.append(counts[qi, ki])
+    q_tb = np.concatenate(q_parts).astype(np.int32)
+    kv_tb = np.concatenate(k_parts).astype(np.int32)
+    unmasked = np.concatenate(c_parts)
+    full = unmasked == layout.tb_len[q_tb].astype(np.int64) * layout.tb_len[kv_tb]
+    nhb = layout.n_head_blocks
+    # expand over head blocks: tile id = (pair index) * nhb + hb keeps (q block, hb, kv block) grouping
+    # per q block because pairs are sorted by q block already
+    order = np.lexsort((kv_tb, q_tb))
+    q_tb, kv_tb, unmasked, full = q_tb[order], kv_tb[order], unmasked[order], full[order]
+    n_pairs = q_tb.size
+    hb = np.tile(np.arange(nhb, dtype=np.int32), n_pairs)
+    rep = lambda a: np.repeat(a, nhb)  # noqa: E731
+    q_rep, kv_rep, um_rep, full_rep = rep(q_tb), rep(kv_tb), rep(unmasked), rep(full)
+    # regroup to (q block, head block, kv block) order
+    order = np.lexsort((kv_rep, hb, q_rep))
+    q_rep, kv_rep, hb, um_rep, full_rep = q_rep[order], kv_rep[order], hb[order], um_rep[order], full_rep[order]
+    fwd = 4.0 * um_rep * spec.head_dim * layout.head_block_size
+    return TileSet(q_rep, kv_rep, hb, um_rep, full_rep, fwd, 2.5 * fwd)

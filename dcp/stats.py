@@ -1,0 +1,91 @@
+"""What a plan achieves: communication, balance, idle devices. Pure functions of the plan."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from dcp.plan import CommLaunch, Plan
+from dcp.units import unit_bytes
+
+
+@dataclass(frozen=True)
+class PlanStats:
+    """Bytes count both directions (forward + backward) unless the name says otherwise.
+
+    ``max_device_comm_bytes``: the largest bytes sent plus received by one device;
+    ``compute_imbalance``: max / mean of forward tile FLOPs per device (backward FLOPs are 2.5× per tile,
+    the same ratio); ``memory_imbalance``: max / mean resident (home) tokens per device.
+    """
+
+    planner: str
+    n_devices: int
+    n_tiles: int
+    n_token_blocks: int
+    planning_time_s: float
+    comm_bytes_total: int
+    comm_bytes_inter_node: int
+    comm_bytes_forward: int
+    comm_bytes_backward: int
+    max_device_comm_bytes: int
+    compute_imbalance: float
+    memory_imbalance: float
+    idle_devices: int
+    rounds_forward: int
+    valid: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def transfer_table(plan: Plan, direction: str) -> np.ndarray:
+    """int64 ``[n, 4]`` rows (src, dst, round, bytes) of every transfer of a direction."""
+    rows = []
+    for p in plan.program(direction):
+        for ins in p.instructions:
+            if isinstance(ins, CommLaunch):
+                for unit, peer in ins.sends:
+                    rows.append((p.device, peer, ins.round, int(unit.kind), unit.tb))
+    if not rows:
+        return np.zeros((0, 4), dtype=np.int64)
+    arr = np.asarray(rows, dtype=np.int64)
+    nbytes = np.zeros(arr.shape[0], dtype=np.int64)
+    for kind in np.unique(arr[:, 3]):
+        sel = arr[:, 3] == kind
+        nbytes[sel] = unit_bytes(plan.spec, plan.layout, int(kind), arr[sel, 4])
+    return np.stack([arr[:, 0], arr[:, 1], arr[:, 2], nbytes], axis=1)
+
+
+def plan_stats(plan: Plan) -> PlanStats:
+    from dcp.errors import PlanValidationError
+    from dcp.validate import validate
+
+    n = plan.n_devices
+    gpn = plan.cluster.gpus_per_node
+    per_dev = np.zeros(n)
+    totals, inter = {}, 0
+    rounds_fwd = 0
+    for direction in ("forward", "backward"):
+        t = transfer_table(plan, direction)
+        totals[direction] = int(t[:, 3].sum())
+        inter += int(t[:, 3][t[:, 0] // gpn != t[:, 1] // gpn].sum())
+        per_dev += np.bincount(t[:, 0], weights=t[:, 3], minlength=n) + np.bincount(t[:, 1], weights=t[:, 3], minlength=n)
+        if direction == "forward" and t.size:
+            rounds_fwd = int(t[:, 2].max())
+    flops = np.bincount(plan.tile_device, weights=plan.tiles.fwd_flops, minlength=n)
+    tokens = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=n)
+    valid = plan.meta.get("valid")
+    if valid is None:
+        try:
+            validate(plan)
+            valid = True
+        except PlanValidationError:
+            valid = False
+    return PlanStats(
+        planner=plan.planner, n_devices=n, n_tiles=plan.tiles.n_tiles, n_token_blocks=plan.layout.n_token_blocks,
+        planning_time_s=float(plan.planning_time_s), comm_bytes_total=totals["forward"] + totals["backward"],
+        comm_bytes_inter_node=inter, comm_bytes_forward=totals["forward"], comm_bytes_backward=totals["backward"],
+        max_device_comm_bytes=int(per_dev.max()) if n else 0,
+        compute_imbalance=float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0,
+        memory_imbalance=float(tokens.max() / tokens.mean()) if tokens.sum() > 0 else 1.0,
+        idle_devices=int(((flops == 0) & (tokens == 0)).sum()), rounds_forward=rounds_fwd, valid=bool(valid))
