@@ -1,2 +1,43 @@
-"""dcp: dynamic context parallelism for long-context training."""
-from dcp.errors import *  # noqa: F401,F403
+"""dcp: dynamic context parallelism for long-context training.
+
+Plan a batch: ``dcp.plan(dcp.BatchSpec(...), dcp.Cluster(...), dcp.PlannerConfig(...)) -> dcp.Plan``;
+check it with ``dcp.validate(plan)``; ship it with ``plan.to_bytes()`` / ``dcp.Plan.from_bytes()``.
+Run it with ``dcp.attention(q_local, k_local, v_local, plan)`` (see ``dcp.execute``).
+"""
+from dcp.cluster import Cluster
+from dcp.config import PlannerConfig
+from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
+                        InvalidMaskError, PartitionerError, PlanValidationError, SerializationError,
+                        TooFewBlocksError)
+from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
+from dcp.plan import Plan
+from dcp.planner import DCPPlanner, Planner, plan
+from dcp.spec import BatchSpec
+from dcp.validate import validate
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "attention": ("dcp.execute", "attention"),
+    "dispatch": ("dcp.execute", "dispatch"),
+    "undispatch": ("dcp.execute", "undispatch"),
+    "reference_attention": ("dcp.execute", "reference_attention"),
+    "ReferenceExecutor": ("dcp.execute", "ReferenceExecutor"),
+}
+
+
+def __getattr__(name):
+    # executors import torch; keep ``import dcp`` light for planner-only processes
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'dcp' has no attribute {name!r}")
+
+
+__all__ = ["BatchSpec", "Cluster", "PlannerConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
+           "GreedyPartitioner", "KaHyParPartitioner", "MtKaHyParPartitioner", "DcpError", "ExecutionError",
+           "InvalidBatchError", "InvalidClusterError", "InvalidConfigError", "InvalidMaskError",
+           "PartitionerError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
+           *_LAZY]

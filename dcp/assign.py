@@ -37,14 +37,25 @@ class Assignment:
     fallbacks: tuple[str, ...] = ()
 
 
-def build_hypergraph(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.ndarray) -> tuple[Hypergraph, np.ndarray, np.ndarray]:
-    """Vertices: homes ``0..n_tb-1`` then tiles. Returns (hypergraph with compute weights on tiles and
-    zero on homes, memory weight per vertex, net weights in bytes as float)."""
+def vertex_ids(layout: BlockLayout, tiles: TileSet) -> tuple[np.ndarray, np.ndarray]:
+    """(home vertex of each token block, vertex of each tile): each home comes right before the tiles of
+    its q block, so vertex order follows sequences (the greedy partitioner cuts that order into runs)."""
     n_tb = layout.n_token_blocks
+    before = np.searchsorted(tiles.q_tb, np.arange(n_tb), side="left")  # tiles are sorted by q block
+    home_vertex = np.arange(n_tb, dtype=np.int64) + before
+    tile_vertex = np.arange(tiles.n_tiles, dtype=np.int64) + tiles.q_tb + 1
+    return home_vertex, tile_vertex
+
+
+def build_hypergraph(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.ndarray) -> tuple[Hypergraph, np.ndarray, np.ndarray]:
+    """Vertices: homes and tiles (see ``vertex_ids``). Returns (hypergraph with compute weights on tiles
+    and zero on homes, memory weight per vertex, net weights in bytes as float)."""
+    n_tb = layout.n_token_blocks
+    n_v = n_tb + tiles.n_tiles
     bpt = bytes_per_token(spec, layout)
     q_side = bpt[Kind.Q] + bpt[Kind.O] + bpt[Kind.QG] + bpt[Kind.DQ]
     kv_side = 2 * bpt[Kind.KV] + bpt[Kind.DKV]
-    tile_vertex = np.arange(tiles.n_tiles, dtype=np.int64) + n_tb
+    home_vertex, tile_vertex = vertex_ids(layout, tiles)
     nets_ptr, nets_pins, nets_w = [], [], []
     offset = 0
     for blocks, side_bytes in ((tiles.q_tb, q_side), (tiles.kv_tb, kv_side)):
@@ -53,7 +64,7 @@ def build_hypergraph(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_
         skey = key[order]
         starts = np.flatnonzero(np.r_[True, skey[1:] != skey[:-1]])
         group_tb = blocks[order][starts]
-        pins = np.insert(tile_vertex[order], starts, group_tb)
+        pins = np.insert(tile_vertex[order], starts, home_vertex[group_tb])
         counts = np.diff(np.r_[starts, skey.size]) + 1
         nets_ptr.append(offset + np.r_[0, np.cumsum(counts)][:-1])
         offset += pins.size
@@ -61,8 +72,10 @@ def build_hypergraph(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_
         nets_w.append(side_bytes * layout.tb_len[group_tb].astype(np.float64))
     net_ptr = np.r_[np.concatenate(nets_ptr), offset]
     net_bytes = np.concatenate(nets_w)
-    vw = np.concatenate([np.zeros(n_tb), tile_cost])
-    mem = np.concatenate([layout.tb_len.astype(np.float64), np.zeros(tiles.n_tiles)])
+    vw = np.zeros(n_v)
+    vw[tile_vertex] = tile_cost
+    mem = np.zeros(n_v)
+    mem[home_vertex] = layout.tb_len
     hg = Hypergraph(vw, net_ptr, np.concatenate(nets_pins).astype(np.int32), net_bytes)
     return hg, mem, net_bytes
 
@@ -187,9 +200,9 @@ def assign(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.n
     The partitioning runs in the partitioner worker process under ``time_budget_s`` (None: in this
     process, unbounded); on timeout or failure it falls back to the greedy partitioner and warns."""
     hg, mem, _ = build_hypergraph(spec, layout, tiles, tile_cost)
-    n_tb = layout.n_token_blocks
+    home_vertex, tile_vertex = vertex_ids(layout, tiles)
     is_home = np.zeros(hg.n_vertices, dtype=bool)
-    is_home[:n_tb] = True
+    is_home[home_vertex] = True
     args = (hg, is_home, mem, nodes, gpus_per_node, partitioner, eps_inter, eps_intra, eps_memory, seed)
     if time_budget_s is None or isinstance(partitioner, GreedyPartitioner):
         device, notes = place_two_levels(*args)
@@ -203,4 +216,4 @@ def assign(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.n
             notes = [msg] + notes
     for note in notes[1:] if notes and "fell back" in notes[0] else notes:
         warnings.warn(note, RuntimeWarning, stacklevel=2)
-    return Assignment(device[:n_tb].astype(np.int32), device[n_tb:].astype(np.int32), tuple(notes))
+    return Assignment(device[home_vertex].astype(np.int32), device[tile_vertex].astype(np.int32), tuple(notes))

@@ -62,7 +62,10 @@ class _Worker:
             if self._proc is None or not self._proc.is_alive():
                 self.stop()
                 self._start()
-            self._conn.send((fn, args))
+            try:
+                self._conn.send((fn, args))
+            except Exception as err:  # e.g. an unpicklable partitioner
+                raise PartitionerError(f"cannot hand the job to the partitioner process: {err}") from err
             if not self._conn.poll(timeout_s):
                 self.stop()
                 raise PartitionerTimeout(f"partitioning exceeded its {timeout_s:.1f} s budget")
