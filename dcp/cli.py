@@ -26,7 +26,7 @@ STAT_COLUMNS = ("planner", "n_devices", "n_tiles", "planning_time_s", "comm_byte
 def make_partitioner(name: str, threads: int = 0):
     from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
 
-    return {"mtkahypar": lambda: MtKaHyParPartitioner(preset="default", threads=threads),
+    return {"mtkahypar": lambda: MtKaHyParPartitioner(threads=threads),
             "kahypar": KaHyParPartitioner, "greedy": GreedyPartitioner}[name]()
 
 

@@ -118,7 +118,7 @@ def test_pinned_tiny_plan_with_greedy_partitioner():
     assert again.forward == plan.forward and again.backward == plan.backward
 
 
-@pytest.mark.parametrize("partitioner", [MtKaHyParPartitioner(), MtKaHyParPartitioner(preset="default"),
+@pytest.mark.parametrize("partitioner", [MtKaHyParPartitioner(preset="deterministic"), MtKaHyParPartitioner(),
                                          KaHyParPartitioner()], ids=["mt-deterministic", "mt-default", "kahypar"])
 def test_real_partitioners_meet_balance_and_beat_greedy(partitioner):
     rng = np.random.default_rng(0)
@@ -134,7 +134,7 @@ def test_real_partitioners_meet_balance_and_beat_greedy(partitioner):
 
 def test_deterministic_preset_is_reproducible():
     spec = dcp.BatchSpec([900, 1500, 300, 2000], M.LambdaMask(16, 256), 4, 2, 32)
-    cfg = dcp.PlannerConfig(block_size=128, partitioner=MtKaHyParPartitioner(), seed=3)
+    cfg = dcp.PlannerConfig(block_size=128, partitioner=MtKaHyParPartitioner(preset="deterministic"), seed=3)
     a = dcp.plan(spec, dcp.Cluster(2, 2), cfg)
     b = dcp.plan(spec, dcp.Cluster(2, 2), cfg)
     assert (a.home == b.home).all() and (a.tile_device == b.tile_device).all()

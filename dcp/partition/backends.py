@@ -82,10 +82,11 @@ _MTK = {}
 
 @dataclass(frozen=True)
 class MtKaHyParPartitioner(Partitioner):
-    """Mt-KaHyPar, multi-threaded; the DETERMINISTIC preset gives identical partitions for a seed
-    regardless of thread count."""
+    """Mt-KaHyPar, multi-threaded. ``preset="default"`` is the fast one (2-4x faster than
+    "deterministic" on plan-sized hypergraphs, similar km1); ``preset="deterministic"`` gives identical
+    partitions for a seed regardless of thread count, for runs that must reproduce plans exactly."""
 
-    preset: str = "deterministic"
+    preset: str = "default"
     threads: int = 0  # 0: all cores
     name: ClassVar[str] = "mtkahypar"
 
