@@ -151,7 +151,7 @@ def _repair(hg: Hypergraph, parts: np.ndarray, k: int, weight: np.ndarray, cap: 
 
 def _split(hg: Hypergraph, is_home: np.ndarray, compute: np.ndarray, mem: np.ndarray, k: int,
            eps_c: float, eps_m: float, partitioner: Partitioner, seed: int, notes: list[str]) -> np.ndarray:
-    if k == 1:
+    if k == 1 or hg.n_vertices == 0:  # a node may receive nothing when blocks are fewer than nodes
         return np.zeros(hg.n_vertices, dtype=np.int64)
     c_total, m_total = compute.sum(), mem.sum()
     combined = compute + mem * (c_total / m_total if m_total > 0 else 0.0)

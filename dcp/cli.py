@@ -18,7 +18,7 @@ from dcp.errors import DcpError
 from dcp.spec import BatchSpec
 
 PARTITIONERS = ("mtkahypar", "kahypar", "greedy")
-PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "megatron_dyncp")
+PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
 STAT_COLUMNS = ("planner", "n_devices", "n_tiles", "planning_time_s", "comm_bytes_total", "comm_bytes_inter_node",
                 "max_device_comm_bytes", "compute_imbalance", "memory_imbalance", "valid")
 

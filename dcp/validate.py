@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 
 from dcp.errors import PlanValidationError
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce, Unit
+from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
 from dcp.units import Kind
 
 _IN = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
@@ -74,31 +74,148 @@ def _check_arrays(plan: Plan, pb: _Problems, check_area: bool) -> None:
                 pb.add(f"sequence {s}: tiles cover {int(area[s])} (q, kv, head block) pairs, mask has {want}")
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _tile_hashes(n: int) -> np.ndarray:
+    """A fixed random 64-bit tag per tile: a partial's (count, tag sum mod 2^64) identifies its set of
+    contributions, so "each tile merged exactly once" is checked without carrying sets of tile ids."""
+    return np.random.default_rng(0x5EED).integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64)
+
+
 def _check_program(plan: Plan, direction: str, pb: _Problems) -> None:
     tiles, home, n_dev = plan.tiles, plan.home, plan.n_devices
     nhb = plan.layout.n_head_blocks
+    n_units = plan.layout.n_token_blocks * nhb
     in_q, in_kv = _IN[direction]
     prog = plan.program(direction)
-    q_tb, kv_tb, hb = tiles.q_tb.tolist(), tiles.kv_tb.tolist(), tiles.hb.tolist()
-    tile_device = plan.tile_device.tolist()
-    # expected contributions per output unit
-    expected = defaultdict(int)
+    q_unit = tiles.q_tb.astype(np.int64) * nhb + tiles.hb
+    kv_unit = tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
+    side_unit = (q_unit, kv_unit)
+    tags = _tile_hashes(tiles.n_tiles)
+    # expected (count, tag sum) per output unit
+    expected = {}
     for kind, side in _OUT[direction]:
-        blocks = tiles.q_tb if side == 0 else tiles.kv_tb
-        keys, counts = np.unique(blocks.astype(np.int64) * nhb + tiles.hb, return_counts=True)
-        for key, c in zip(keys.tolist(), counts.tolist()):
-            expected[Unit(kind, key // nhb, key % nhb)] = c
-    # per-device state
-    have = [set() for _ in range(n_dev)]
-    for tb, d in enumerate(home.tolist()):
-        for h in range(nhb):
-            have[d].add(Unit(in_q, tb, h))
-            have[d].add(Unit(in_kv, tb, h))
-    acc = [defaultdict(set) for _ in range(n_dev)]     # output unit -> tile ids merged here
-    sent = [set() for _ in range(n_dev)]               # output units already sent away
-    inbox = [dict() for _ in range(n_dev)]             # (unit, src) -> tile ids, after their wait
+        uniq, inv = np.unique(side_unit[side], return_inverse=True)
+        cnt = np.bincount(inv, minlength=uniq.size)
+        tag = np.zeros(uniq.size, dtype=np.uint64)
+        np.add.at(tag, inv, tags)
+        for u, c, h in zip(uniq.tolist(), cnt.tolist(), tag.tolist()):
+            expected[kind, u] = (c, h)
+    # inputs present per device: home units, then received ones
+    have = {in_q: np.zeros((n_dev, n_units), dtype=bool), in_kv: np.zeros((n_dev, n_units), dtype=bool)}
+    home_unit_dev = np.repeat(home.astype(np.int64), nhb)
+    for arr in have.values():
+        arr[home_unit_dev, np.arange(n_units)] = True
+    acc = [dict() for _ in range(n_dev)]     # (kind, unit) -> (count, tag sum) merged here
+    sent = [set() for _ in range(n_dev)]     # output (kind, unit) already sent away
+    inbox = [dict() for _ in range(n_dev)]   # (kind, unit, src) -> (count, tag sum), after its wait
     ran = np.zeros(tiles.n_tiles, dtype=np.int64)
-    # split programs at launches and check round structure
+    segments, rounds = _segments(prog, direction, pb)
+    if pb.items:
+        return
+    flight = defaultdict(list)  # (round, dst) -> [(kind, unit, src, payload)]
+    send_edges = set()
+
+    def uid(unit):
+        return unit.tb * nhb + unit.hb
+
+    def run(d, ins, idx):
+        if isinstance(ins, CommLaunch):
+            for unit, peer in ins.sends:
+                if unit.kind in have:
+                    if not have[unit.kind][d, uid(unit)]:
+                        pb.add(f"{direction} device {d} round {ins.round}: sends {unit} it does not hold")
+                    payload = None
+                else:
+                    key = (unit.kind, uid(unit))
+                    if key in sent[d]:
+                        pb.add(f"{direction} device {d}: sends partial {unit} twice")
+                    sent[d].add(key)
+                    payload = acc[d].pop(key, None)
+                    if payload is None:
+                        pb.add(f"{direction} device {d} round {ins.round}: sends an empty partial {unit}")
+                        payload = (0, 0)
+                flight[ins.round, peer].append((unit.kind, uid(unit), d, payload))
+                send_edges.add(((d, idx), (peer, ins.round)))
+        elif isinstance(ins, CommWait):
+            for kind, u, src, payload in flight.pop((ins.round, d), ()):
+                if payload is None:
+                    have[kind][d, u] = True
+                else:
+                    inbox[d][kind, u, src] = payload
+        elif isinstance(ins, Compute):
+            t = np.asarray(ins.tiles, dtype=np.int64)
+            if t.size == 0:
+                return
+            wrong = plan.tile_device[t] != d
+            if wrong.any():
+                pb.add(f"{direction} device {d}: runs tile {int(t[wrong][0])} assigned to device "
+                       f"{int(plan.tile_device[t[wrong][0]])}")
+            np.add.at(ran, t, 1)
+            for kind, units in ((in_q, q_unit[t]), (in_kv, kv_unit[t])):
+                missing = ~have[kind][d, units]
+                if missing.any():
+                    pb.add(f"{direction} device {d} stage {ins.stage}: tile {int(t[missing][0])} needs "
+                           f"{kind.name} unit {int(units[missing][0])}, not yet there")
+            for kind, side in _OUT[direction]:
+                uniq, inv = np.unique(side_unit[side][t], return_inverse=True)
+                cnt = np.bincount(inv, minlength=uniq.size)
+                tag = np.zeros(uniq.size, dtype=np.uint64)
+                np.add.at(tag, inv, tags[t])
+                for u, c, h in zip(uniq.tolist(), cnt.tolist(), tag.tolist()):
+                    key = (kind, u)
+                    if key in sent[d]:
+                        pb.add(f"{direction} device {d}: a tile adds to {kind.name} unit {u} after it was sent")
+                    c0, h0 = acc[d].get(key, (0, 0))
+                    acc[d][key] = (c0 + c, (h0 + h) & _MASK64)
+        elif isinstance(ins, Reduce):
+            key = (ins.unit.kind, uid(ins.unit))
+            if key in sent[d]:
+                pb.add(f"{direction} device {d}: reduces into {ins.unit} after sending it")
+            for src in ins.sources:
+                payload = inbox[d].pop((*key, src), None)
+                if payload is None:
+                    pb.add(f"{direction} device {d}: reduces {ins.unit} from {src}, which it never received")
+                    continue
+                c0, h0 = acc[d].get(key, (0, 0))
+                acc[d][key] = (c0 + payload[0], (h0 + payload[1]) & _MASK64)
+
+    for r in range(0, rounds + 1):
+        # every device posts round r before any waits on it, as grouped p2p does
+        bases = [sum(len(s) for s in segments[d][:r]) for d in range(n_dev)]
+        if r > 0:
+            for d in range(n_dev):
+                run(d, segments[d][r][0], bases[d])
+            for d in range(n_dev):
+                got = sorted((k, u, s) for k, u, s, _ in flight.get((r, d), ()))
+                want = sorted((t.unit.kind, uid(t.unit), t.peer) for t in segments[d][r][0].recvs)
+                if got != want:
+                    pb.add(f"{direction} device {d} round {r}: posts {len(want)} receives but "
+                           f"{len(got)} units are sent to it (or they differ)")
+        for d in range(n_dev):
+            for i, ins in enumerate(segments[d][r][1 if r > 0 else 0:], start=1 if r > 0 else 0):
+                run(d, ins, bases[d] + i)
+    if (ran != 1).any():
+        t = int(np.flatnonzero(ran != 1)[0])
+        pb.add(f"{direction}: tile {t} runs {int(ran[t])} times (must be exactly once)")
+    for d in range(n_dev):
+        for (kind, u, src) in inbox[d]:
+            pb.add(f"{direction} device {d}: partial {kind.name} unit {u} from {src} is never merged")
+        for (kind, u), got in acc[d].items():
+            if home[u // nhb] != d:
+                pb.add(f"{direction} device {d}: partial {kind.name} unit {u} is never sent home")
+            elif got != expected.get((kind, u)):
+                pb.add(f"{direction}: home {d} of {kind.name} unit {u} merged {got[0]} contributions, "
+                       f"expected its {expected.get((kind, u), (0,))[0]} tiles each once")
+    for (kind, u) in expected:
+        if (kind, u) not in acc[int(home[u // nhb])]:
+            pb.add(f"{direction}: output {kind.name} unit {u} never reaches its home")
+    _check_acyclic(plan, direction, send_edges, pb)
+
+
+def _segments(prog, direction, pb):
+    """Split each program at its launches; check rounds are launched and waited 1..R in order."""
     segments, rounds = [], None
     for d, p in enumerate(prog):
         segs, cur, launched, waited = [], [], [], []
@@ -121,103 +238,20 @@ def _check_program(plan: Plan, direction: str, pb: _Problems) -> None:
             rounds = len(launched)
         elif rounds != len(launched):
             pb.add(f"{direction}: device {d} has {len(launched)} rounds, device 0 has {rounds}")
-    if pb.items:
-        return
-    flight = defaultdict(list)  # (round, dst) -> [(unit, src, payload)]
-    graph_edges = []
-
-    def run(d, ins, idx):
-        if isinstance(ins, CommLaunch):
-            for unit, peer in ins.sends:
-                if unit.kind in (in_q, in_kv):
-                    if unit not in have[d]:
-                        pb.add(f"{direction} device {d} round {ins.round}: sends {unit} it does not hold")
-                    payload = None
-                else:
-                    if unit in sent[d]:
-                        pb.add(f"{direction} device {d}: sends partial {unit} twice")
-                    sent[d].add(unit)
-                    payload = acc[d].pop(unit, set())
-                    if not payload:
-                        pb.add(f"{direction} device {d} round {ins.round}: sends an empty partial {unit}")
-                flight[ins.round, peer].append((unit, d, payload))
-                graph_edges.append(((d, idx), (peer, ins.round)))
-        elif isinstance(ins, CommWait):
-            for unit, src, payload in flight.pop((ins.round, d), ()):
-                if payload is None:
-                    have[d].add(unit)
-                else:
-                    inbox[d][unit, src] = payload
-        elif isinstance(ins, Compute):
-            for t in ins.tiles:
-                if tile_device[t] != d:
-                    pb.add(f"{direction} device {d}: runs tile {t} assigned to device {tile_device[t]}")
-                ran[t] += 1
-                q_in, kv_in = Unit(in_q, q_tb[t], hb[t]), Unit(in_kv, kv_tb[t], hb[t])
-                for u in (q_in, kv_in):
-                    if u not in have[d]:
-                        pb.add(f"{direction} device {d} stage {ins.stage}: tile {t} needs {u}, not yet there")
-                for kind, side in _OUT[direction]:
-                    out = Unit(kind, q_tb[t] if side == 0 else kv_tb[t], hb[t])
-                    if out in sent[d]:
-                        pb.add(f"{direction} device {d}: tile {t} adds to {out} after it was sent")
-                    acc[d][out].add(t)
-        elif isinstance(ins, Reduce):
-            if ins.unit in sent[d]:
-                pb.add(f"{direction} device {d}: reduces into {ins.unit} after sending it")
-            for src in ins.sources:
-                payload = inbox[d].pop((ins.unit, src), None)
-                if payload is None:
-                    pb.add(f"{direction} device {d}: reduces {ins.unit} from {src}, which it never received")
-                    continue
-                mine = acc[d][ins.unit]
-                if mine & payload:
-                    pb.add(f"{direction} device {d}: {ins.unit} merges tiles {sorted(mine & payload)[:4]} twice")
-                mine |= payload
-
-    for r in range(0, rounds + 1):
-        # every device posts round r before any waits on it, as grouped p2p does
-        bases = [sum(len(s) for s in segments[d][:r]) for d in range(n_dev)]
-        if r > 0:
-            for d in range(n_dev):
-                run(d, segments[d][r][0], bases[d])
-            for d in range(n_dev):
-                got = sorted((u, s) for u, s, _ in flight.get((r, d), ()))
-                want = sorted((t.unit, t.peer) for t in segments[d][r][0].recvs)
-                if got != want:
-                    pb.add(f"{direction} device {d} round {r}: posts {len(want)} receives but "
-                           f"{len(got)} units are sent to it (or they differ)")
-        for d in range(n_dev):
-            for i, ins in enumerate(segments[d][r][1 if r > 0 else 0:], start=1 if r > 0 else 0):
-                run(d, ins, bases[d] + i)
-    if (ran != 1).any():
-        t = int(np.flatnonzero(ran != 1)[0])
-        pb.add(f"{direction}: tile {t} runs {int(ran[t])} times (must be exactly once)")
-    for d in range(n_dev):
-        for (unit, src) in inbox[d]:
-            pb.add(f"{direction} device {d}: partial {unit} from {src} is never merged")
-        for unit, ts in acc[d].items():
-            if not ts:
-                continue
-            if unit.tb >= home.size or home[unit.tb] != d:
-                pb.add(f"{direction} device {d}: partial {unit} is never sent home")
-            elif len(ts) != expected[unit]:
-                pb.add(f"{direction}: home {d} of {unit} merged {len(ts)} of its {expected[unit]} tiles")
-    for unit, want in expected.items():
-        if not acc[int(home[unit.tb])].get(unit):
-            pb.add(f"{direction}: output {unit} never reaches its home")
-    _check_acyclic(plan, direction, graph_edges, pb)
+    return segments, rounds or 0
 
 
 def _check_acyclic(plan: Plan, direction: str, send_edges, pb: _Problems) -> None:
+    """Only launches and waits create cross-device dependencies, so the graph keeps just those
+    instructions, in program order, plus an edge from each sender's launch to the receiver's wait."""
     import networkx as nx
 
     g = nx.DiGraph()
     waits = {}
     for p in plan.program(direction):
-        n = len(p.instructions)
-        g.add_edges_from(((p.device, i), (p.device, i + 1)) for i in range(n - 1))
-        g.add_node((p.device, 0))
+        sync = [i for i, ins in enumerate(p.instructions) if isinstance(ins, (CommLaunch, CommWait))]
+        g.add_nodes_from((p.device, i) for i in sync)
+        g.add_edges_from(((p.device, a), (p.device, b)) for a, b in zip(sync, sync[1:]))
         waits[p.device] = {ins.round: i for i, ins in enumerate(p.instructions) if isinstance(ins, CommWait)}
     for (src, i), (dst, rnd) in send_edges:
         if rnd in waits.get(dst, {}):

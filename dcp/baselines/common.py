@@ -1,0 +1,231 @@
+"""Shared machinery of the static baselines: near-equal chunking, layouts from per-sequence chunk homes,
+and the relay schedule every baseline reduces to.
+
+The relay model (``relay_schedule``). Every KV-side unit ``(tb, hb)`` lives on a *ring* of devices,
+``member(m) = base + m * stride`` for m in [0, size), starting at its *origin* member. If the origin
+device is not the unit's home, an all-to-all hop (home → origin) delivers it in round 1 (``offset`` = 1).
+A plain ring (``inner = size``): from the origin the unit travels hop by hop (o → o+1 → …, never skipping
+a device) and reaches hop ``t`` in round ``offset + t``. A double ring (members grouped into inner rings
+of ``inner`` consecutive members, LoongTrain): the unit travels the outer ring (same inner position, next
+inner ring), outer hop ``k`` arriving in round ``offset + (k-1)*inner + 1``, and around each inner ring
+it reaches, inner hop ``t`` of outer step ``k`` arriving in round ``offset + k*inner + t``. ``inner = 1``
+is a plain ring hopping one member per round. Units travel only as far as the farthest device that needs
+them. Every tile runs on a device of its KV unit's ring, in the first stage after both inputs arrived;
+a q-side unit not homed there is delivered directly (the all-to-all) in round 1.
+
+Outputs: a q-side partial computed away from home goes straight home (reverse all-to-all). A KV-side
+(dKV) partial accumulates hop by hop in the direction the KV travelled: along each inner ring from the
+first device holding a contribution to the farthest, which closes the circle on that step's spine
+device (one hop); spine devices then chain outer step 1 → 2 → … → last, which closes the outer circle on
+the origin; the origin sends it home if it is not the home. Every device merges what it received with
+its own contribution before forwarding, and sends as soon as the partial is complete:
+``max(last contributing stage + 2, last receive round + 1)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.blocks import BlockLayout, TileSet, make_layout
+from dcp.schedule import Routes
+from dcp.spec import BatchSpec
+
+
+def near_equal_chunks(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut ``n`` tokens into ``k`` near-equal contiguous chunks (sizes differ by at most one), dropping
+    empty ones (``n < k``). Returns (start of each non-empty chunk, its chunk index), both int64."""
+    b = (np.arange(k + 1, dtype=np.int64) * n) // k
+    idx = np.flatnonzero(np.diff(b) > 0)
+    return b[idx], idx
+
+
+def zigzag_device(chunk: np.ndarray, k: int) -> np.ndarray:
+    """Ring member holding zigzag chunk ``chunk`` of ``2k`` chunks: member m holds chunks m and 2k-1-m."""
+    chunk = np.asarray(chunk)
+    return np.where(chunk < k, chunk, 2 * k - 1 - chunk)
+
+
+@dataclass
+class BlockBuilder:
+    """Accumulates token blocks sequence by sequence (in token order) with their home device and the
+    ring their KV travels on (``ring_base``, ``ring_size``; stride 1: contiguous device rings)."""
+
+    spec: BatchSpec
+
+    def __post_init__(self):
+        self.bounds, self.home, self.ring_base, self.ring_size = [], [], [], []
+
+    def add(self, starts: np.ndarray, homes: np.ndarray, ring_base: int = 0, ring_size: int = 1) -> None:
+        """Blocks of the next sequence: their start offsets (increasing, first 0) and home devices."""
+        seq = len(self.bounds)
+        self.bounds.append(np.append(np.asarray(starts, dtype=np.int64), self.spec.seqlens[seq]))
+        self.home.append(np.asarray(homes, dtype=np.int64))
+        self.ring_base.append(np.full(len(homes), ring_base, dtype=np.int64))
+        self.ring_size.append(np.full(len(homes), ring_size, dtype=np.int64))
+
+    def layout(self, head_block_size: int | None) -> BlockLayout:
+        return make_layout(self.spec, self.bounds, head_block_size)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(home, ring_base, ring_size) per token block."""
+        return tuple(np.concatenate(a) for a in (self.home, self.ring_base, self.ring_size))
+
+
+def relay_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
+                   kv_base: np.ndarray, kv_stride: np.ndarray, kv_size: np.ndarray, kv_origin: np.ndarray,
+                   offset: int = 0, kv_inner: np.ndarray | None = None) -> tuple[np.ndarray, Routes]:
+    """Tile stages and routes of the relay model (module docstring).
+
+    ``kv_base/kv_stride/kv_size/kv_origin``: int arrays per KV unit ``tb * n_head_blocks + hb``: its ring
+    and origin member. ``offset``: rounds taken before the ring starts (1 when an all-to-all hop
+    precedes it). ``kv_inner``: inner-ring size per unit for a double ring (None: a single ring)."""
+    nhb = layout.n_head_blocks
+    home = np.asarray(home, dtype=np.int64)
+    dev = np.asarray(tile_device, dtype=np.int64)
+    hb = tiles.hb.astype(np.int64)
+    n_units = layout.n_token_blocks * nhb
+    q_tb, kv_tb = tiles.q_tb.astype(np.int64), tiles.kv_tb.astype(np.int64)
+    kv_key, q_key = kv_tb * nhb + hb, q_tb * nhb + hb
+    unit_tb, unit_hb = np.arange(n_units) // nhb, np.arange(n_units) % nhb
+    base, stride, size, origin = (np.asarray(a, dtype=np.int64) for a in (kv_base, kv_stride, kv_size, kv_origin))
+    inner = size.copy() if kv_inner is None else np.asarray(kv_inner, dtype=np.int64)
+    if ((size % inner) != 0).any():
+        raise ValueError("an inner ring size must divide its ring size")
+    ring = Ring(base, stride, size, inner, origin)
+    a2a = ring.device(0, 0) != home[unit_tb]
+    if offset < 1 and a2a.any():
+        raise ValueError("an all-to-all hop needs offset >= 1")
+    # --- KV side: position (outer step k, inner step t) of every tile's device on its unit's ring
+    rel = dev - base[kv_key]
+    member = rel // stride[kv_key]
+    if ((rel % stride[kv_key]) != 0).any() or (member < 0).any() or (member >= size[kv_key]).any():
+        raise ValueError("a tile runs on a device outside its KV unit's ring")
+    w, o = inner[kv_key], size[kv_key] // inner[kv_key]
+    k = (member // w - origin[kv_key] // w) % o
+    t = (member % w - origin[kv_key] % w) % w
+    kv_arrival = np.where(t > 0, offset + k * w + t, np.where(k > 0, offset + (k - 1) * w + 1, a2a[kv_key]))
+    # --- q side: direct delivery to the (single) device running the unit's tiles
+    q_dev = np.full(n_units, -1, dtype=np.int64)
+    q_dev[q_key] = dev
+    if (q_dev[q_key] != dev).any():
+        raise ValueError("all tiles of a q-side unit must run on one device")
+    q_moves = (q_dev >= 0) & (q_dev != home[unit_tb])
+    tile_stage = np.maximum(q_moves[q_key].astype(np.int64), kv_arrival)
+    # --- input rows: q all-to-all, KV all-to-all, outer (spine) hops, inner hops
+    row = lambda side, u, src, dst, rnd: np.stack(  # noqa: E731
+        [np.full_like(u, side), unit_tb[u], unit_hb[u], src, dst, rnd + np.zeros_like(u)], 1)
+    u = np.flatnonzero(q_moves)
+    rows = [row(0, u, home[unit_tb[u]], q_dev[u], 1)]
+    u = np.flatnonzero(a2a & (np.bincount(kv_key, minlength=n_units) > 0))
+    rows.append(row(1, u, home[unit_tb[u]], ring.device(0, 0)[u], 1))
+    k_max = np.zeros(n_units, dtype=np.int64)
+    np.maximum.at(k_max, kv_key, k)
+    uu, kk = _expand(np.arange(n_units), k_max)
+    rows.append(row(1, uu, ring.device(kk - 1, 0, uu), ring.device(kk, 0, uu), offset + (kk - 1) * inner[uu] + 1))
+    width = int(size.max()) + 1
+    steps, inv = np.unique(kv_key * width + k, return_inverse=True)
+    t_max = np.zeros(steps.size, dtype=np.int64)
+    np.maximum.at(t_max, inv, t)
+    ss, tt = _expand(np.arange(steps.size), t_max)
+    uu, kk = steps[ss] // width, steps[ss] % width
+    rows.append(row(1, uu, ring.device(kk, tt - 1, uu), ring.device(kk, tt, uu), offset + kk * inner[uu] + tt))
+    inputs = np.concatenate(rows).astype(np.int64)
+    # --- q-side outputs: straight home one round after their last stage completes
+    last_q = np.full(n_units, -1, dtype=np.int64)
+    np.maximum.at(last_q, q_key, tile_stage)
+    u = np.flatnonzero(q_moves)
+    out_rows = [row(0, u, q_dev[u], home[unit_tb[u]], last_q[u] + 2)]
+    out_rows.append(_dkv_trees(kv_key, k, t, tile_stage, k_max, ring, home, unit_tb, nhb))
+    return tile_stage, Routes(inputs, np.concatenate(out_rows).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Per-KV-unit (double) rings: member m = k_outer * inner + t_inner sits on device base + m * stride."""
+
+    base: np.ndarray
+    stride: np.ndarray
+    size: np.ndarray
+    inner: np.ndarray
+    origin: np.ndarray
+
+    def device(self, k, t, units=slice(None)):
+        """Device at outer step ``k``, inner step ``t`` from each unit's origin."""
+        w, o0 = self.inner[units], self.origin[units]
+        o = self.size[units] // w
+        m = ((o0 // w + k) % o) * w + (o0 % w + t) % w
+        return self.base[units] + m * self.stride[units]
+
+
+def _expand(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Repeat each id ``counts`` times, paired with 1..count."""
+    rep = np.repeat(ids, counts)
+    return rep, np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+
+
+def _dkv_trees(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) -> np.ndarray:
+    """dKV accumulation (module docstring): per outer step, an inner chain from the first contributing
+    inner step to the last, closing on the step's spine device; spine devices chain outer step 1 → 2 → …
+    → last, closing on the origin, which sends home if it is not the home. Python pass per unit."""
+    width = int(ring.size.max()) + 1
+    key = (kv_key * width + k) * width + t
+    ukey, inv = np.unique(key, return_inverse=True)
+    last = np.full(ukey.size, -1, dtype=np.int64)
+    np.maximum.at(last, inv, tile_stage)
+    units, kk, tt = ukey // width // width, ukey // width % width, ukey % width
+    cuts = np.flatnonzero(np.r_[True, units[1:] != units[:-1], True])
+    rows = []
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        u = int(units[a])
+        contrib = dict(zip(zip(kk[a:b].tolist(), tt[a:b].tolist()), last[a:b].tolist()))
+        base, stride, w, o0 = int(ring.base[u]), int(ring.stride[u]), int(ring.inner[u]), int(ring.origin[u])
+        o = int(ring.size[u]) // w
+        dev = lambda kq, tq: base + (((o0 // w + kq) % o) * w + (o0 % w + tq) % w) * stride  # noqa: E731
+        recv = {}  # (k, t) -> last round a partial arrived there
+
+        def send(pos, dst_pos, dst_dev):
+            st, rc = contrib.get(pos), recv.get(pos)
+            if st is None and rc is None:
+                return  # nothing accumulated here
+            rnd = max(st + 2 if st is not None else 0, rc + 1 if rc is not None else 0)
+            rows.append((1, u // nhb, u % nhb, dev(*pos), dst_dev, rnd))
+            recv[dst_pos] = max(recv.get(dst_pos, 0), rnd)
+
+        by_step = {}
+        for kq, tq in contrib:
+            by_step[kq] = max(by_step.get(kq, 0), tq)
+        for kq in list(range(1, int(k_max[u]) + 1)) + [0]:
+            t_last = by_step.get(kq, 0)
+            for tq in range(1, t_last + 1):  # inner chain, closing on the spine device (kq, 0)
+                nxt = (kq, tq + 1) if tq < t_last else (kq, 0)
+                send((kq, tq), nxt, dev(*nxt))
+            if kq > 0:  # spine chain, closing on the origin
+                nxt = (kq + 1, 0) if kq < k_max[u] else (0, 0)
+                send((kq, 0), nxt, dev(*nxt))
+        h = int(home[unit_tb[u]])
+        if dev(0, 0) != h:
+            send((0, 0), None, h)
+    return np.asarray(rows, dtype=np.int64).reshape(-1, 6)
+
+
+def ring_of_blocks(layout: BlockLayout, home: np.ndarray, ring_base: np.ndarray,
+                   ring_size: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per-KV-unit ring arrays for contiguous rings whose origin is the block's home (ring, zigzag,
+    Megatron dynamic CP): (base, stride, size, origin member)."""
+    nhb = layout.n_head_blocks
+    base, size = np.repeat(ring_base, nhb), np.repeat(ring_size, nhb)
+    return base, np.ones_like(base), size, np.repeat(home, nhb) - base
+
+
+def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | None = None):
+    """Layout, tiles, home, tile device (the q block's home), stages and routes of a ring-style plan."""
+    from dcp.blocks import enumerate_tiles
+
+    layout = builder.layout(head_block_size)
+    tiles = enumerate_tiles(spec, layout)
+    home, ring_base, ring_size = builder.arrays()
+    tile_device = home[tiles.q_tb]
+    ring = ring_of_blocks(layout, home, ring_base, ring_size)
+    tile_stage, routes = relay_schedule(layout, tiles, home, tile_device, *ring)
+    return layout, tiles, home, tile_device, tile_stage, routes

@@ -1,0 +1,76 @@
+"""LoongTrain's 2-D attention: head parallelism (Ulysses all-to-all) x context parallelism (double ring).
+
+The P devices form ``cp = P / hp`` context ranks of ``hp`` consecutive devices ("head-first"
+placement: an all-to-all group stays inside a node). Sequences are zigzag-split over the cp ranks and each
+rank's chunk is split evenly over its hp devices; after the all-to-all (round 1), device (rank r, head
+index h) holds head block h's q/KV of rank r's whole chunk. KV then travels a double ring over the ranks
+sharing h: inner rings of ``inner_ring`` consecutive ranks (inside a node by default) and an outer ring
+connecting the inner rings. A unit's outer hop k leaves at the first round of outer step k-1, overlapping
+that step's inner-ring rounds, so inner rings keep intra-node links busy while the inter-node hop is in
+flight. Relays stop where no later device needs the unit. Outputs go back as in ``dcp.baselines.common``:
+O/dQ straight home, dKV accumulated along the inner chains and the outer chain to the origin, then home.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.baselines.te_a2a_p2p import a2a_head_block_size, hierarchical_parts
+from dcp.cluster import Cluster
+from dcp.errors import InvalidConfigError
+from dcp.plan import Plan
+from dcp.planner import Planner, assemble, check_inputs
+from dcp.spec import BatchSpec
+
+
+def _check_opt_int(v, name):
+    if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0):
+        raise InvalidConfigError(f"{name} must be a positive int or None, got {v!r}")
+
+
+@dataclass(frozen=True)
+class LoongTrainPlanner(Planner):
+    """2-D head x context parallelism with double-ring attention.
+
+    ``head_parallel``: devices per all-to-all group (None: the largest divisor of gpus_per_node that is
+    at most half of it and that the heads allow, so a node holds several context ranks and the double
+    ring is exercised); ``inner_ring``: context ranks per inner ring (None: the ranks of one node)."""
+
+    head_parallel: int | None = None
+    inner_ring: int | None = None
+    name = "loongtrain"
+
+    def __post_init__(self):
+        _check_opt_int(self.head_parallel, "head_parallel")
+        _check_opt_int(self.inner_ring, "inner_ring")
+
+    def degrees(self, spec: BatchSpec, cluster: Cluster) -> tuple[int, int]:
+        """(head-parallel degree, inner ring size) for this batch and cluster."""
+        p, g = cluster.n_devices, cluster.gpus_per_node
+        hp = self.head_parallel
+        if hp is None:
+            hp = next(h for h in range(max(1, g // 2), 0, -1)
+                      if g % h == 0 and (h == 1 or a2a_head_block_size(spec, h) is not None))
+        elif p % hp or (hp > 1 and a2a_head_block_size(spec, hp) is None):
+            raise InvalidConfigError(f"head_parallel={hp} must divide the {p} devices and split the "
+                                     f"{spec.num_heads} query heads ({spec.num_kv_heads} KV heads) evenly")
+        cp = p // hp
+        inner = self.inner_ring
+        if inner is None:
+            inner = g // hp if g % hp == 0 and cp % max(g // hp, 1) == 0 else 1
+            inner = max(inner, 1)
+        elif cp % inner:
+            raise InvalidConfigError(f"inner_ring={inner} must divide the {cp} context ranks")
+        return hp, inner
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        started = time.perf_counter()
+        check_inputs(spec, cluster)
+        hp, inner = self.degrees(spec, cluster)
+        parts = hierarchical_parts(spec, cluster.n_devices, hp, inner)
+        cp = cluster.n_devices // hp
+        notes = (f"loongtrain: head parallel {hp}, context parallel {cp} (inner rings of {inner}, "
+                 f"outer ring of {cp // inner})",)
+        return assemble(spec, cluster, *parts, self.name, started, notes)

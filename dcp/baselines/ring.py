@@ -1,0 +1,40 @@
+"""Ring attention (varlen, as ring-flash-attn's varlen variant) over all devices of the cluster.
+
+Every sequence is cut into P near-equal contiguous chunks (P = number of devices; a sequence shorter than
+P tokens gets fewer, one-token chunks and some devices hold none of it); device d homes chunk d of every
+sequence. Tiles run where their q chunk lives. KV chunks circulate around the ring 0 → 1 → … → P-1 → 0:
+in round r device d receives from d-1 the KV that originated on device d-r, and the tile (q on d, KV from
+d-r) runs in stage r. A KV chunk is relayed hop by hop only as far as the farthest device that needs it
+(under a causal mask, chunk j stops at device P-1). Backward: dQ stays home; dKV partials travel with
+the ring, accumulated hop by hop, and the last one goes home (see ``dcp.baselines.common``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dcp.baselines.common import BlockBuilder, near_equal_chunks, plan_ring
+from dcp.cluster import Cluster
+from dcp.plan import Plan
+from dcp.planner import Planner, assemble, check_inputs
+from dcp.spec import BatchSpec
+
+
+@dataclass(frozen=True)
+class RingPlanner(Planner):
+    """Ring attention: P contiguous chunks per sequence, KV relayed around one ring of all devices."""
+
+    name = "ring"
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        started = time.perf_counter()
+        check_inputs(spec, cluster)
+        p = cluster.n_devices
+        builder = BlockBuilder(spec)
+        for n in spec.seqlens:
+            starts, chunk = near_equal_chunks(n, p)
+            builder.add(starts, chunk, ring_base=0, ring_size=p)
+        parts = plan_ring(spec, builder)
+        notes = ("ring: sequences shorter than the device count leave some devices without a chunk",) \
+            if min(spec.seqlens) < p else ()
+        return assemble(spec, cluster, *parts, self.name, started, notes)

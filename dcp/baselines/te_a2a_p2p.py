@@ -1,0 +1,92 @@
+"""TransformerEngine's hierarchical context parallelism (``cp_comm_type="a2a+p2p"``).
+
+All-to-all over heads (Ulysses) inside a node, a p2p ring across nodes. Every sequence is zigzag-split
+over the N nodes (2N chunks, node n holds chunks n and 2N-1-n), and each node chunk is split evenly over
+the node's G GPUs: those sub-blocks are the token blocks, homed on their GPU. Heads are cut into G head
+blocks; the tiles of head block h whose q block lives on node n run on GPU (n, h mod G).
+
+Inputs: q-side units go from their home to (their node, hb) in round 1 (the all-to-all); KV-side units
+take the same all-to-all in round 1, then travel the node ring (n, g) → (n+1, g) in rounds 2, 3, …, only
+as far as needed. Outputs: O/dQ partials go straight home (the reverse all-to-all); dKV partials
+accumulate hop by hop along the node ring, end at (origin node, hb) and go home from there. With one
+node this is pure Ulysses. When the heads cannot be cut into G blocks (num_heads % G, or GQA groups
+that neither divide nor are divided by num_heads / G), TE's all-to-all is impossible and the planner
+falls back to its p2p-only mode: a zigzag ring over all devices (noted in the plan).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.baselines.common import BlockBuilder, near_equal_chunks, relay_schedule, zigzag_device
+from dcp.baselines.zigzag import zigzag_parts
+from dcp.blocks import enumerate_tiles, head_blocking
+from dcp.cluster import Cluster
+from dcp.errors import InvalidConfigError
+from dcp.plan import Plan
+from dcp.planner import Planner, assemble, check_inputs
+from dcp.spec import BatchSpec
+
+
+def a2a_head_block_size(spec: BatchSpec, gpus: int) -> int | None:
+    """Query heads per head block for an all-to-all over ``gpus`` GPUs, or None when impossible."""
+    if spec.num_heads % gpus:
+        return None
+    try:
+        head_blocking(spec, spec.num_heads // gpus)
+    except InvalidConfigError:
+        return None
+    return spec.num_heads // gpus
+
+
+def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int):
+    """(layout, tiles, home, tile_device, tile_stage, routes) of head x context parallelism.
+
+    ``hp`` devices in a row form a head-parallel (all-to-all) group; the ``cp = n_devices / hp`` groups
+    are the context ranks, ranked in device order. Sequences are zigzag-split over the cp ranks and each
+    rank's chunk is split evenly over its hp devices. Tiles of head block h whose q block lives on rank r
+    run on device r*hp + h mod hp. KV units relay over the ranks sharing their hp index, as a double ring
+    with inner rings of ``inner`` consecutive ranks (``inner=1``: one plain ring over the ranks)."""
+    cp = n_devices // hp
+    builder = BlockBuilder(spec)
+    for n in spec.seqlens:
+        starts, chunk = near_equal_chunks(n, 2 * cp)
+        rank = zigzag_device(chunk, cp)
+        ends = np.append(starts[1:], n)
+        sub_starts, homes = [], []
+        for s, e, r in zip(starts.tolist(), ends.tolist(), rank.tolist()):
+            ss, sub = near_equal_chunks(e - s, hp)
+            sub_starts.append(s + ss)
+            homes.append(r * hp + sub)
+        builder.add(np.concatenate(sub_starts), np.concatenate(homes))
+    layout = builder.layout(None if hp == 1 else spec.num_heads // hp)
+    tiles = enumerate_tiles(spec, layout)
+    home = builder.arrays()[0]
+    nhb = layout.n_head_blocks
+    rank_of = home // hp
+    tile_device = rank_of[tiles.q_tb] * hp + tiles.hb.astype(np.int64) % hp
+    kv_base = np.tile(np.arange(nhb, dtype=np.int64), layout.n_token_blocks) % hp
+    full = lambda v: np.full_like(kv_base, v)  # noqa: E731
+    tile_stage, routes = relay_schedule(layout, tiles, home, tile_device, kv_base, full(hp), full(cp),
+                                        np.repeat(rank_of, nhb), offset=int(hp > 1), kv_inner=full(inner))
+    return layout, tiles, home, tile_device, tile_stage, routes
+
+
+@dataclass(frozen=True)
+class TEA2AP2PPlanner(Planner):
+    """Hierarchical CP: Ulysses all-to-all inside nodes, zigzag p2p ring across nodes."""
+
+    name = "te_a2a_p2p"
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        started = time.perf_counter()
+        check_inputs(spec, cluster)
+        g = cluster.gpus_per_node
+        if g > 1 and a2a_head_block_size(spec, g) is None:
+            note = (f"te_a2a_p2p: {spec.num_heads} query heads ({spec.num_kv_heads} KV heads) cannot be split "
+                    f"over {g} GPUs for the all-to-all; fell back to a p2p zigzag ring over all devices")
+            return assemble(spec, cluster, *zigzag_parts(spec, cluster.n_devices), self.name, started, (note,))
+        parts = hierarchical_parts(spec, cluster.n_devices, g, 1)
+        return assemble(spec, cluster, *parts, self.name, started)

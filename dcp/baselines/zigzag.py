@@ -1,0 +1,47 @@
+"""Zigzag ring attention (load-balanced causal ring, as in ring-flash-attn's zigzag / Llama 3 CP).
+
+Every sequence is cut into 2P near-equal contiguous chunks; device d homes chunks d and 2P-1-d, so each
+device holds an early and a late piece of every sequence and causal work is balanced. Otherwise as
+``RingPlanner``: tiles run on their q chunk's device, KV chunks are relayed around the ring of all
+devices (only as far as needed), dKV partials accumulate hop by hop back home.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dcp.baselines.common import BlockBuilder, near_equal_chunks, plan_ring, zigzag_device
+from dcp.cluster import Cluster
+from dcp.plan import Plan
+from dcp.planner import Planner, assemble, check_inputs
+from dcp.spec import BatchSpec
+
+
+def add_zigzag(builder: BlockBuilder, seqlen: int, base: int, size: int) -> None:
+    """Zigzag blocks of one sequence over the contiguous ring of devices [base, base + size)."""
+    starts, chunk = near_equal_chunks(seqlen, 2 * size)
+    builder.add(starts, base + zigzag_device(chunk, size), ring_base=base, ring_size=size)
+
+
+def zigzag_parts(spec: BatchSpec, n_devices: int):
+    """(layout, tiles, home, tile_device, tile_stage, routes) of zigzag ring attention over all devices."""
+    builder = BlockBuilder(spec)
+    for n in spec.seqlens:
+        add_zigzag(builder, n, 0, n_devices)
+    return plan_ring(spec, builder)
+
+
+@dataclass(frozen=True)
+class ZigzagPlanner(Planner):
+    """Zigzag ring attention over all devices: 2P chunks per sequence, device d homes d and 2P-1-d."""
+
+    name = "zigzag"
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        started = time.perf_counter()
+        check_inputs(spec, cluster)
+        p = cluster.n_devices
+        parts = zigzag_parts(spec, p)
+        notes = ("zigzag: sequences shorter than 2x the device count leave some chunks empty",) \
+            if min(spec.seqlens) < 2 * p else ()
+        return assemble(spec, cluster, *parts, self.name, started, notes)

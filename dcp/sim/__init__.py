@@ -1,0 +1,13 @@
+"""Discrete-event simulation of plans: modelled (not measured) forward/backward timelines.
+
+``simulate(plan, cost, direction) -> SimResult``; ``simulate_both(plan, cost) -> (fwd, bwd)``;
+``iteration_time_s(fwd, bwd)``; ``to_chrome_trace(results, path)`` for chrome://tracing / Perfetto.
+The fluid max-min fair network model is ``dcp.sim.network.FluidNetwork``. Pure numpy: no torch.
+"""
+from dcp.sim.network import FluidNetwork, max_min_rates
+from dcp.sim.simulator import (SimEvent, SimResult, ideal_time_s, iteration_time_s, simulate, simulate_both,
+                               tile_times)
+from dcp.sim.trace import to_chrome_trace, trace_events
+
+__all__ = ["FluidNetwork", "max_min_rates", "SimEvent", "SimResult", "simulate", "simulate_both",
+           "iteration_time_s", "ideal_time_s", "tile_times", "to_chrome_trace", "trace_events"]

@@ -1,0 +1,356 @@
+"""Discrete-event simulation of a plan's forward or backward program on a modelled cluster.
+
+Model (all times from ``CostModel``; every number it produces is *simulated*, not measured):
+
+- **Streams.** Each device runs its instruction stream in program order on one compute stream.
+  ``CommLaunch(r)`` posts round r's transfers and costs nothing on the stream. ``Compute`` occupies the
+  stream for the sum of its tiles' modelled times (``tile_forward_s`` / ``tile_backward_s`` with the
+  tile's q/kv block lengths and fullness). ``CommWait(r)`` blocks until every transfer of round r this
+  device sends or receives has finished. ``Reduce(unit, sources)`` is one fused memory-bound merge
+  kernel: it reads the local accumulator and each received partial and writes the accumulator,
+  ``memory_bound_s((2 + len(sources)) * unit_bytes)``. In the backward each device first computes
+  delta = rowsum(O * dO) for its home tokens: ``memory_bound_s(home_tokens * Hq * (2 * D * elem + 4))``
+  (read O and dO, write fp32 delta), one op at t=0. Communication kernels do not slow compute down.
+- **Transfers.** Grouped point-to-point semantics: a transfer of round r starts when both its sender
+  and its receiver have posted ``CommLaunch(r)``; after ``link_latency_us`` its bytes
+  (``dcp.units.unit_bytes``, one head block) enter a fluid network. By default the transfers of one
+  round between one (sender, receiver) pair are coalesced into one flow (one NCCL connection carries
+  them back to back; ``coalesce=False`` makes every unit its own flow).
+- **Network.** A flow crosses the sender GPU's egress port and the receiver GPU's ingress port
+  (``nvlink_gbps`` each, per direction); across nodes also the sender node's NIC egress and the
+  receiver node's NIC ingress (``nic_gbps_per_node`` per node and direction, shared by all the node's
+  flows; ``nic="rail"`` instead gives every GPU its own ``nic_gbps_per_node / gpus_per_node``, as
+  ``CostModel.transfer_s`` assumes). Rates are max-min fair, recomputed whenever a flow starts or ends
+  (``dcp.sim.network.FluidNetwork``).
+- **Ideal.** ``ideal_s`` = total tile FLOPs / (n_devices x the large-tile attention rate of the
+  direction, ``attn_fwd_tflops`` or ``attn_bwd_tflops``): perfect balance, no overhead, no small-tile
+  penalty, no communication. Every simulated makespan is at least this.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from dcp.cost import CostModel
+from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
+from dcp.sim.network import FluidNetwork
+from dcp.units import LSE_BYTES, bytes_per_token
+
+DIRECTIONS = ("forward", "backward")
+EVENT_KINDS = ("compute", "reduce", "wait", "transfer", "delta")
+
+
+class SimEvent(NamedTuple):
+    """One interval of the simulated timeline. Stream events (compute, reduce, wait, delta) belong to
+    ``device``; a transfer event is a flow (``device`` = ``src``) from when both ends posted its round
+    (``start_s``) to when its last byte arrived (``end_s``); ``units`` counts the data units it carries."""
+
+    device: int
+    kind: str
+    label: str
+    start_s: float
+    end_s: float
+    src: int = -1
+    dst: int = -1
+    bytes: int = 0
+    round: int = -1
+    units: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Simulated timeline of one direction of a plan. Per-device arrays are indexed by device.
+
+    ``end_s``: when the device's stream finished; ``compute_s``: time running tiles; ``reduce_s``: time in
+    memory-bound ops (merges, and delta in the backward); ``wait_s``: time blocked in ``CommWait``;
+    ``comm_bytes``: bytes sent plus received.
+    """
+
+    makespan_s: float
+    end_s: np.ndarray
+    compute_s: np.ndarray
+    reduce_s: np.ndarray
+    wait_s: np.ndarray
+    comm_bytes: np.ndarray
+    ideal_s: float
+    profile: str
+    direction: str
+    planner: str
+    n_transfers: int
+    n_flows: int
+    events: tuple[SimEvent, ...] = field(repr=False)
+    sim_time_s: float = 0.0
+
+    @property
+    def n_devices(self) -> int:
+        return int(self.end_s.size)
+
+    @property
+    def efficiency(self) -> float:
+        """ideal / makespan (1.0: perfectly balanced, fully hidden communication, large tiles)."""
+        return self.ideal_s / self.makespan_s if self.makespan_s > 0 else 1.0
+
+    def summary(self) -> str:
+        ms = 1e3
+        wait_mean = float(self.wait_s.mean()) if self.wait_s.size else 0.0
+        return (f"simulated ({self.profile}) {self.direction} {self.planner}: makespan {self.makespan_s * ms:.3f} ms, "
+                f"ideal {self.ideal_s * ms:.3f} ms ({100 * self.efficiency:.1f}% of ideal), "
+                f"compute max {self.compute_s.max(initial=0) * ms:.3f} ms, "
+                f"wait max {self.wait_s.max(initial=0) * ms:.3f} / mean {wait_mean * ms:.3f} ms, "
+                f"comm {self.comm_bytes.sum() / 2 / 1e9:.3f} GB in {self.n_flows} flows, {self.n_devices} devices")
+
+    def to_dict(self) -> dict:
+        """Plain numbers (no events) for JSON reports."""
+        return {"makespan_s": self.makespan_s, "ideal_s": self.ideal_s, "efficiency": self.efficiency,
+                "profile": self.profile, "direction": self.direction, "planner": self.planner,
+                "simulated": True, "end_s": self.end_s.tolist(), "compute_s": self.compute_s.tolist(),
+                "reduce_s": self.reduce_s.tolist(), "wait_s": self.wait_s.tolist(),
+                "comm_bytes": self.comm_bytes.tolist(), "n_transfers": self.n_transfers, "n_flows": self.n_flows}
+
+
+def iteration_time_s(fwd: SimResult, bwd: SimResult) -> float:
+    """Simulated attention time of one training iteration: forward makespan + backward makespan."""
+    return fwd.makespan_s + bwd.makespan_s
+
+
+def simulate_both(plan: Plan, cost: CostModel, **kwargs) -> tuple[SimResult, SimResult]:
+    """``(simulate(plan, cost, "forward"), simulate(plan, cost, "backward"))``."""
+    return simulate(plan, cost, "forward", **kwargs), simulate(plan, cost, "backward", **kwargs)
+
+
+def tile_times(plan: Plan, cost: CostModel, direction: str) -> np.ndarray:
+    """Modelled seconds of every tile of the plan in ``direction``."""
+    tiles, lay = plan.tiles, plan.layout
+    q_len, kv_len = lay.tb_len[tiles.q_tb], lay.tb_len[tiles.kv_tb]
+    if direction == "forward":
+        return np.asarray(cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full), dtype=float)
+    return np.asarray(cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full), dtype=float)
+
+
+def ideal_time_s(plan: Plan, cost: CostModel, direction: str) -> float:
+    p = cost.profile
+    if direction == "forward":
+        flops, rate = float(plan.tiles.fwd_flops.sum()), p.attn_fwd_tflops
+    else:
+        flops, rate = float(plan.tiles.bwd_flops.sum()), p.attn_bwd_tflops
+    return flops / (max(plan.n_devices, 1) * rate * 1e12)
+
+
+def _delta_s(plan: Plan, cost: CostModel) -> np.ndarray:
+    spec = plan.spec
+    tokens = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=plan.n_devices)
+    per_token = spec.num_heads * (2 * spec.head_dim * spec.element_bytes + LSE_BYTES)
+    return np.where(tokens > 0, cost.memory_bound_s(tokens * per_token), 0.0)
+
+
+def _resources(src: int, dst: int, gpn: int, n_dev: int, n_nodes: int, nic: str) -> tuple[int, ...]:
+    """Resource ids: [0, n) GPU egress, [n, 2n) GPU ingress, then NIC egress and NIC ingress (per node
+    for ``nic="node"``, per GPU for ``nic="rail"``)."""
+    if src // gpn == dst // gpn:
+        return (src, n_dev + dst)
+    if nic == "node":
+        return (src, n_dev + dst, 2 * n_dev + src // gpn, 2 * n_dev + n_nodes + dst // gpn)
+    return (src, n_dev + dst, 2 * n_dev + src, 3 * n_dev + dst)
+
+
+def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesce: bool = True,
+             nic: str = "node", record_events: bool = True) -> SimResult:
+    """Simulate one direction of ``plan`` under ``cost`` (see the module docstring for the model).
+
+    Raises ``ValueError`` for an unknown direction or NIC model, or when the program cannot finish
+    (a wait whose transfers never start: a send without a matching launch on the peer, a deadlock).
+    """
+    started = time.perf_counter()
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    if nic not in ("node", "rail"):
+        raise ValueError(f"nic must be 'node' or 'rail', got {nic!r}")
+    prof = cost.profile
+    n_dev = plan.n_devices
+    gpn = plan.cluster.gpus_per_node
+    n_nodes = plan.cluster.nodes
+    programs = plan.program(direction)
+    latency = prof.link_latency_us * 1e-6
+    tile_t = tile_times(plan, cost, direction)
+    bpt = {int(k): int(v) for k, v in bytes_per_token(plan.spec, plan.layout).items()}
+    tb_len = plan.layout.tb_len.tolist()
+
+    # --- flows: one per (round, src, dst) [coalesce] or per transfer -------------------------------
+    flow_key: dict[tuple, int] = {}
+    f_round, f_src, f_dst, f_bytes, f_units = [], [], [], [], []
+    dev_round_flows: dict[tuple[int, int], list[int]] = {}
+    n_transfers = 0
+    for p in programs:
+        d = p.device
+        for ins in p.instructions:
+            if not isinstance(ins, CommLaunch):
+                continue
+            for i, (unit, peer) in enumerate(ins.sends):
+                nbytes = bpt[int(unit.kind)] * tb_len[unit.tb]
+                n_transfers += 1
+                key = (ins.round, d, peer) if coalesce else (ins.round, d, peer, i)
+                f = flow_key.get(key)
+                if f is None:
+                    f = flow_key[key] = len(f_round)
+                    f_round.append(ins.round)
+                    f_src.append(d)
+                    f_dst.append(peer)
+                    f_bytes.append(0)
+                    f_units.append(0)
+                    dev_round_flows.setdefault((d, ins.round), []).append(f)
+                    if peer != d:
+                        dev_round_flows.setdefault((peer, ins.round), []).append(f)
+                f_bytes[f] += nbytes
+                f_units[f] += 1
+    n_flows = len(f_round)
+    f_start = [np.nan] * n_flows
+    f_end = [np.nan] * n_flows
+    f_posted = [0] * n_flows
+    pending = {k: len(v) for k, v in dev_round_flows.items()}  # unfinished flows of (device, round)
+    post_time: dict[tuple[int, int], float] = {}
+
+    caps = [prof.nvlink_gbps * 1e9] * (2 * n_dev)
+    if nic == "node":
+        caps += [prof.nic_gbps_per_node * 1e9] * (2 * n_nodes)
+    else:
+        caps += [prof.nic_gbps_per_node * 1e9 / gpn] * (2 * n_dev)
+    net = FluidNetwork(caps)
+    net_flow_of: dict[int, int] = {}  # network flow id -> our flow id
+    starts: list[tuple[float, int]] = []  # heap of (time entering the network, flow)
+
+    # --- per-device stream state ----------------------------------------------------------------------
+    clock = [0.0] * n_dev
+    pc = [0] * n_dev
+    blocked: dict[int, tuple[int, float]] = {}  # device -> (round it waits for, time it started waiting)
+    compute_s = np.zeros(n_dev)
+    reduce_s = np.zeros(n_dev)
+    wait_s = np.zeros(n_dev)
+    events: list[SimEvent] = []
+    compute_cache: dict[int, float] = {}
+    merge_cache: dict[int, float] = {}
+
+    if direction == "backward":
+        delta = _delta_s(plan, cost)
+        for d in range(n_dev):
+            if delta[d] > 0:
+                clock[d] = float(delta[d])
+                reduce_s[d] += float(delta[d])
+                if record_events:
+                    events.append(SimEvent(d, "delta", "delta (home rows)", 0.0, clock[d]))
+
+    def finish_flow(f: int, t: float) -> None:
+        f_end[f] = t
+        for d in {f_src[f], f_dst[f]}:
+            key = (d, f_round[f])
+            pending[key] -= 1
+            if pending[key] == 0 and d in blocked and blocked[d][0] == f_round[f]:
+                rnd, since = blocked.pop(d)
+                resume = max(t, since)
+                if resume > since:
+                    wait_s[d] += resume - since
+                    if record_events:
+                        events.append(SimEvent(d, "wait", f"wait r{rnd}", since, resume, round=rnd))
+                clock[d] = resume
+                run_device(d)
+
+    def post(d: int, rnd: int, t: float) -> None:
+        post_time[d, rnd] = t
+        for f in dev_round_flows.get((d, rnd), ()):
+            f_posted[f] += 1
+            if f_posted[f] == (1 if f_src[f] == f_dst[f] else 2):
+                s = max(post_time[f_src[f], rnd], post_time[f_dst[f], rnd])
+                f_start[f] = s
+                if f_src[f] == f_dst[f]:
+                    heapq.heappush(starts, (s, f))  # a local copy: done when posted
+                else:
+                    heapq.heappush(starts, (s + latency, f))
+
+    def run_device(d: int) -> None:
+        ins_list = programs[d].instructions
+        t = clock[d]
+        while pc[d] < len(ins_list):
+            ins = ins_list[pc[d]]
+            if isinstance(ins, Compute):
+                dur = compute_cache.get(id(ins))
+                if dur is None:
+                    idx = np.fromiter(ins.tiles, dtype=np.int64, count=len(ins.tiles))
+                    dur = compute_cache[id(ins)] = float(tile_t[idx].sum())
+                if dur > 0:
+                    compute_s[d] += dur
+                    if record_events:
+                        events.append(SimEvent(d, "compute", f"stage {ins.stage} ({len(ins.tiles)} tiles)", t, t + dur))
+                    t += dur
+            elif isinstance(ins, CommLaunch):
+                post(d, ins.round, t)
+            elif isinstance(ins, CommWait):
+                if pending.get((d, ins.round), 0) > 0:
+                    blocked[d] = (ins.round, t)
+                    clock[d] = t
+                    pc[d] += 1
+                    return
+            elif isinstance(ins, Reduce):
+                nbytes = (2 + len(ins.sources)) * bpt[int(ins.unit.kind)] * tb_len[ins.unit.tb]
+                dur = merge_cache.get(nbytes)
+                if dur is None:
+                    dur = merge_cache[nbytes] = float(cost.memory_bound_s(nbytes))
+                reduce_s[d] += dur
+                if record_events:
+                    u = ins.unit
+                    events.append(SimEvent(d, "reduce", f"reduce {u.kind.name}[{u.tb},{u.hb}] <- {list(ins.sources)}",
+                                           t, t + dur))
+                t += dur
+            else:
+                raise TypeError(f"device {d}: unknown instruction {ins!r}")
+            pc[d] += 1
+        clock[d] = t
+
+    for d in range(n_dev):
+        run_device(d)
+
+    # --- event loop: flows entering the network and finishing ------------------------------------------
+    while True:
+        t_start = starts[0][0] if starts else np.inf
+        t_done = net.next_completion()
+        if not np.isfinite(t_start) and not np.isfinite(t_done):
+            break
+        if t_start <= t_done:
+            for fid, tf in net.advance(t_start):  # flows finishing exactly at t_start
+                finish_flow(net_flow_of.pop(fid), tf)
+            batch = []
+            while starts and starts[0][0] <= t_start:
+                batch.append(heapq.heappop(starts)[1])
+            local = [f for f in batch if f_src[f] == f_dst[f]]
+            remote = [f for f in batch if f_src[f] != f_dst[f]]
+            if remote:
+                ids = net.add_flows([_resources(f_src[f], f_dst[f], gpn, n_dev, n_nodes, nic) for f in remote],
+                                    [f_bytes[f] for f in remote])
+                net_flow_of.update(zip(ids.tolist(), remote))
+            for f in local:
+                finish_flow(f, t_start)
+        else:
+            for fid, tf in net.advance(t_done):
+                finish_flow(net_flow_of.pop(fid), tf)
+
+    if blocked or any(pc[d] < len(programs[d].instructions) for d in range(n_dev)):
+        stuck = sorted(blocked.items())[:4]
+        raise ValueError(f"{direction}: simulation cannot finish; devices blocked (device, (round, since)): {stuck}"
+                         " — a transfer whose peer never posts that round, or a deadlock")
+
+    comm = np.zeros(n_dev, dtype=np.int64)
+    if n_flows:
+        fb = np.asarray(f_bytes, dtype=np.int64)
+        comm += np.bincount(np.asarray(f_src), weights=fb, minlength=n_dev).astype(np.int64)
+        comm += np.bincount(np.asarray(f_dst), weights=fb, minlength=n_dev).astype(np.int64)
+    if record_events:
+        for f in range(n_flows):
+            events.append(SimEvent(f_src[f], "transfer", f"r{f_round[f]} {f_src[f]}->{f_dst[f]} ({f_units[f]} units)",
+                                   f_start[f], f_end[f], f_src[f], f_dst[f], f_bytes[f], f_round[f], f_units[f]))
+    end = np.asarray(clock, dtype=float)
+    makespan = float(max(end.max(initial=0.0), max(f_end, default=0.0)))
+    return SimResult(makespan, end, compute_s, reduce_s, wait_s, comm, ideal_time_s(plan, cost, direction),
+                     prof.name, direction, plan.planner, n_transfers, n_flows, tuple(events),
+                     time.perf_counter() - started)

@@ -1,0 +1,344 @@
+"""The plan simulator: fluid max-min network, pinned hand-computed timelines, invariants on random plans,
+trace export. Every number here is simulated (modelled), not measured."""
+import dataclasses
+import json
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dcp
+from dcp import masks as M
+from dcp.blocks import enumerate_tiles, uniform_layout
+from dcp.cost import CostModel
+from dcp.partition import GreedyPartitioner
+from dcp.plan import DevicePlan
+from dcp.planner import assemble
+from dcp.schedule import Routes
+from dcp.sim import (FluidNetwork, SimResult, iteration_time_s, max_min_rates, simulate, simulate_both,
+                     tile_times, to_chrome_trace)
+from dcp.stats import transfer_table
+from dcp.units import Kind, unit_bytes
+from tests._budget import n_examples
+
+GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
+H100 = CostModel.named("h100")
+
+
+def with_profile(cost: CostModel, **changes) -> CostModel:
+    return CostModel(dataclasses.replace(cost.profile, **changes))
+
+
+def reference_max_min(resources, capacity):
+    """Textbook progressive filling, one bottleneck level per pass (the oracle)."""
+    resources = np.asarray(resources)
+    rate = np.full(resources.shape[0], np.inf)
+    cap = np.asarray(capacity, dtype=float).copy()
+    unfrozen = np.ones(resources.shape[0], dtype=bool)
+    while unfrozen.any():
+        cnt = np.bincount(resources[unfrozen].ravel(), minlength=cap.size)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(cnt > 0, cap / np.maximum(cnt, 1), np.inf)
+        level = share.min()
+        if not np.isfinite(level):
+            break
+        hit = unfrozen & (share <= level * (1 + 1e-9))[resources].any(axis=1)
+        rate[hit] = level
+        unfrozen &= ~hit
+        cap = np.maximum(cap - np.bincount(resources[hit].ravel(), minlength=cap.size) * level, 0)
+    return rate
+
+
+# ----------------------------------------------------------------------------------------------- network
+
+def test_single_flow_takes_bytes_over_bandwidth():
+    net = FluidNetwork([50.0, 80.0])
+    f = net.add_flow([0, 1], 400.0)
+    assert net.rates() == {f: 50.0}
+    assert net.run() == [(f, pytest.approx(8.0))]
+
+
+def test_two_flows_sharing_a_nic_get_half_each():
+    # resources: 0, 1 GPU egress ports (fast), 2 the node NIC egress (100), 3, 4 remote ingress ports
+    net = FluidNetwork([1000.0, 1000.0, 100.0, 1000.0, 1000.0])
+    a = net.add_flow([0, 2, 3], 500.0)
+    b = net.add_flow([1, 2, 4], 500.0)
+    assert net.rates() == {a: 50.0, b: 50.0}
+    done = dict(net.run())
+    assert done[a] == pytest.approx(10.0) and done[b] == pytest.approx(10.0)
+
+
+def test_max_min_three_flows_two_bottlenecks_by_hand():
+    # link A (cap 10): flows 0 and 1; link B (cap 4): flows 1 and 2.
+    # B is the tighter bottleneck: flows 1, 2 get 4/2 = 2; flow 0 takes what is left on A: 10 - 2 = 8.
+    rates = max_min_rates(np.array([[0, 2], [0, 1], [1, 2]]), np.array([10.0, 4.0, np.inf]))
+    np.testing.assert_allclose(rates, [8.0, 2.0, 2.0])
+    net = FluidNetwork([10.0, 4.0])
+    net.add_flow([0], 30.0)
+    net.add_flow([0, 1], 10.0)
+    net.add_flow([1], 4.0)
+    # t=2: flow 2 done (4 B at 2/s); then flow 1 gets 4 (B alone), flow 0 gets 6; flow 1 done at 2 + 6/4
+    # = 3.5; flow 0 had 30 - 16 - 9 = 5 left at 10/s: done at 4.0
+    assert [(f, round(t, 9)) for f, t in net.run()] == [(2, 2.0), (1, 3.5), (0, 4.0)]
+
+
+def test_flows_started_later_and_unlimited_resources():
+    net = FluidNetwork([10.0])
+    a = net.add_flow([0], 100.0)
+    assert net.advance(5.0) == []
+    assert net.remaining()[a] == pytest.approx(50.0)
+    b = net.add_flow([0], 10.0)  # shares from t=5: both at 5/s; b done at 7, then a alone
+    done = dict(net.run())
+    assert done[b] == pytest.approx(7.0)
+    assert done[a] == pytest.approx(7.0 + (50.0 - 10.0) / 10.0)
+    free = FluidNetwork([np.inf])
+    f = free.add_flow([0], 1e9)
+    assert free.run() == [(f, 0.0)]
+
+
+@settings(max_examples=n_examples(60, 600))
+@given(st.integers(1, 40), st.integers(1, 8), st.integers(1, 4), st.integers(0, 2 ** 31 - 1))
+def test_max_min_matches_progressive_filling(n_flows, n_res, width, seed):
+    rng = np.random.default_rng(seed)
+    res = rng.integers(0, n_res + 1, (n_flows, width))  # index n_res: unlimited padding
+    cap = np.r_[rng.uniform(0.5, 10.0, n_res), np.inf]
+    cap[:-1][rng.random(n_res) < 0.2] = np.inf
+    got, want = max_min_rates(res, cap), reference_max_min(res, cap)
+    np.testing.assert_allclose(got, want, rtol=1e-7)
+    # feasibility and max-min: no resource over capacity; every finite flow is held by a saturated
+    # resource on which it has the largest rate
+    finite = np.isfinite(got)
+    load = np.bincount(res[finite].ravel(), weights=np.repeat(got[finite], width), minlength=cap.size)
+    assert (load <= cap * (1 + 1e-7) + 1e-9).all()
+    for f in np.flatnonzero(finite):
+        assert any(load[r] >= cap[r] * (1 - 1e-7) and got[f] >= got[np.any(res == r, axis=1)].max() * (1 - 1e-7)
+                   for r in res[f] if np.isfinite(cap[r]))
+
+
+# ----------------------------------------------------------------------------------------- pinned plans
+
+def two_block_plan(cluster=dcp.Cluster(1, 2), block=2048, heads=8, head_dim=128):
+    """One sequence of 2 blocks, full mask, homes [0, 1]; each device runs its own q rows: the local tile
+    in stage 0 and the tile needing the peer's KV in stage 1. Backward sends the dKV partial home in
+    round 3 (after stage 1)."""
+    spec = dcp.BatchSpec([2 * block], M.FullMask(), heads, heads, head_dim)
+    layout = uniform_layout(spec, block)
+    tiles = enumerate_tiles(spec, layout)
+    peer = cluster.n_devices - 1  # block 1's home: the last device (on another node when nodes > 1)
+    home = np.array([0, peer])
+    tile_device = home[tiles.q_tb]
+    tile_stage = (tiles.q_tb != tiles.kv_tb).astype(np.int64)
+    # columns: side, tb, hb, src, dst, round
+    inputs = np.array([[1, 1, 0, peer, 0, 1], [1, 0, 0, 0, peer, 1]])
+    outputs = np.array([[1, 1, 0, 0, peer, 3], [1, 0, 0, peer, 0, 3]])
+    return assemble(spec, cluster, layout, tiles, home, tile_device, tile_stage, Routes(inputs, outputs),
+                    "pinned", time.perf_counter())
+
+
+def test_one_device_makespan_is_sum_of_tile_times():
+    spec = dcp.BatchSpec([700, 300, 129], M.CausalMask(), 4, 2, 64)
+    plan = dcp.plan(spec, dcp.Cluster(1, 1), dcp.PlannerConfig(block_size=128, **GREEDY))
+    fwd, bwd = simulate_both(plan, H100)
+    assert fwd.makespan_s == pytest.approx(tile_times(plan, H100, "forward").sum(), rel=1e-12)
+    assert fwd.wait_s.sum() == 0 and fwd.reduce_s.sum() == 0 and fwd.comm_bytes.sum() == 0
+    delta = float(H100.memory_bound_s(spec.total_tokens * spec.num_heads * (2 * 64 * 2 + 4)))
+    assert bwd.makespan_s == pytest.approx(tile_times(plan, H100, "backward").sum() + delta, rel=1e-12)
+    assert [e.kind for e in bwd.events][0] == "delta"
+    assert iteration_time_s(fwd, bwd) == fwd.makespan_s + bwd.makespan_s
+
+
+def test_plan_without_communication_never_waits():
+    # every sequence is one block: no tile needs a remote input, no partial leaves its home
+    spec = dcp.BatchSpec([100, 90, 80, 70], M.CausalMask(), 2, 2, 32)
+    layout = uniform_layout(spec, 128)
+    tiles = enumerate_tiles(spec, layout)
+    home = np.arange(4)
+    empty = np.zeros((0, 6), dtype=np.int64)
+    plan = assemble(spec, dcp.Cluster(2, 2), layout, tiles, home, home[tiles.q_tb], np.zeros(tiles.n_tiles),
+                    Routes(empty, empty), "local", time.perf_counter())
+    for res in simulate_both(plan, H100):
+        assert res.n_transfers == 0 and res.wait_s.sum() == 0
+        assert not [e for e in res.events if e.kind in ("wait", "transfer")]
+        assert res.makespan_s == pytest.approx(float((res.compute_s + res.reduce_s).max()))
+
+
+def hand_forward(plan, cost, inter_node=False):
+    t_tile = float(tile_times(plan, cost, "forward")[0])  # all four tiles are full and equal
+    p = cost.profile
+    bw = min(p.nvlink_gbps, p.nic_gbps_per_node) if inter_node else p.nvlink_gbps
+    kv = float(unit_bytes(plan.spec, plan.layout, Kind.KV, 0))
+    return t_tile, p.link_latency_us * 1e-6 + kv / (bw * 1e9)
+
+
+@pytest.mark.parametrize("cluster", [dcp.Cluster(1, 2), dcp.Cluster(2, 1), dcp.Cluster(2, 4)])
+def test_pinned_two_device_forward_by_hand(cluster):
+    plan = two_block_plan(cluster)
+    inter = cluster.nodes > 1
+    for nvlink in (360.0, 1.0, 0.1):  # fast: hidden behind stage 0; slow: the wait shows
+        cost = with_profile(H100, nvlink_gbps=nvlink)
+        t_tile, t_kv = hand_forward(plan, cost, inter)
+        res = simulate(plan, cost, "forward")
+        assert res.makespan_s == pytest.approx(max(t_tile, t_kv) + t_tile, rel=1e-9)
+        assert res.wait_s.max() == pytest.approx(max(t_kv - t_tile, 0.0), rel=1e-9, abs=1e-15)
+        transfers = [e for e in res.events if e.kind == "transfer"]
+        assert len(transfers) == 2 and all(e.start_s == 0.0 for e in transfers)
+        assert all(e.end_s == pytest.approx(t_kv, rel=1e-9) for e in transfers)
+        if nvlink == 360.0:
+            assert res.wait_s.sum() == 0  # communication fully overlapped with compute
+    fast = simulate(plan, with_profile(H100, nvlink_gbps=np.inf, nic_gbps_per_node=np.inf, link_latency_us=0.0))
+    assert fast.makespan_s == pytest.approx(2 * hand_forward(plan, H100)[0], rel=1e-12)  # compute bound
+
+
+def test_pinned_two_device_backward_by_hand():
+    plan = two_block_plan()
+    cost = with_profile(H100, nvlink_gbps=2.0)
+    p = cost.profile
+    lat = p.link_latency_us * 1e-6
+    t_tile = float(tile_times(plan, cost, "backward")[0])
+    spec = plan.spec
+    delta = float(cost.memory_bound_s(int(plan.layout.tb_len[0]) * spec.num_heads * (2 * spec.head_dim * 2 + 4)))
+    kv = float(unit_bytes(spec, plan.layout, Kind.KV, 0))
+    dkv = float(unit_bytes(spec, plan.layout, Kind.DKV, 0))
+    stage1_end = delta + max(t_tile, lat + kv / 2e9) + t_tile  # round 2 is empty: no wait
+    want = stage1_end + lat + dkv / 2e9 + float(cost.memory_bound_s(3 * dkv))  # round 3, then merge
+    res = simulate(plan, cost, "backward")
+    assert res.makespan_s == pytest.approx(want, rel=1e-9)
+    kinds = [e.kind for e in res.events if e.device == 0 and e.kind != "transfer"]
+    assert kinds == ["delta", "compute", "wait", "compute", "wait", "reduce"]
+    fwd = simulate(plan, cost, "forward")
+    assert res.makespan_s > fwd.makespan_s
+
+
+def test_shared_nic_halves_rate_in_a_plan():
+    # 2 nodes x 2 GPUs: devices 0 and 1 both send one KV block to node 1 in round 1 through node 0's NIC
+    spec = dcp.BatchSpec([512, 512], M.FullMask(), 4, 4, 64)
+    layout = uniform_layout(spec, 256)
+    tiles = enumerate_tiles(spec, layout)  # blocks 0, 1 (seq 0), 2, 3 (seq 1)
+    home = np.array([0, 2, 1, 3])
+    tile_device = home[tiles.q_tb]
+    tile_stage = (home[tiles.kv_tb] != tile_device).astype(np.int64)
+    inputs, outputs = [], []
+    for tb in range(4):
+        for other in range(4):
+            if layout.tb_seq[other] == layout.tb_seq[tb] and other != tb:
+                inputs.append([1, tb, 0, home[tb], home[other], 1])
+                outputs.append([1, tb, 0, home[other], home[tb], 3])  # the dKV partial goes home
+    plan = assemble(spec, dcp.Cluster(2, 2), layout, tiles, home, tile_device, tile_stage,
+                    Routes(np.array(inputs), np.array(outputs)), "nic", time.perf_counter())
+    cost = with_profile(H100, nvlink_gbps=1000.0, nic_gbps_per_node=10.0)
+    res = simulate(plan, cost, "forward")
+    kv = float(unit_bytes(spec, layout, Kind.KV, 0))
+    lat = cost.profile.link_latency_us * 1e-6
+    ends = [e.end_s for e in res.events if e.kind == "transfer"]
+    assert len(ends) == 4
+    np.testing.assert_allclose(ends, lat + kv / 5e9, rtol=1e-9)  # 2 flows per NIC direction: half each
+    rail = simulate(plan, cost, "forward", nic="rail")  # each GPU its own 10 / 2 GB/s: the same here
+    np.testing.assert_allclose([e.end_s for e in rail.events if e.kind == "transfer"], lat + kv / 5e9, rtol=1e-9)
+
+
+def test_unfinishable_program_raises():
+    plan = two_block_plan()
+    broken = dataclasses.replace(plan, forward=(plan.forward[0], DevicePlan(1, ())))
+    with pytest.raises(ValueError, match="cannot finish"):
+        simulate(broken, H100, "forward")
+    with pytest.raises(ValueError, match="direction"):
+        simulate(plan, H100, "sideways")
+
+
+# --------------------------------------------------------------------------------------- random plans
+
+@st.composite
+def random_plans(draw):
+    n_seq = draw(st.integers(1, 4))
+    lens = draw(st.lists(st.integers(1, 400), min_size=n_seq, max_size=n_seq))
+    mask = draw(st.sampled_from([M.CausalMask(), M.FullMask(), M.SlidingWindowMask(50)]))
+    heads = draw(st.sampled_from([2, 4]))
+    spec = dcp.BatchSpec(lens, mask, heads, heads // 2, 32)
+    cluster = dcp.Cluster(draw(st.integers(1, 3)), draw(st.integers(1, 4)))
+    cfg = dcp.PlannerConfig(block_size=draw(st.sampled_from([16, 32, 64])),
+                            head_block_size=draw(st.sampled_from([1, 2])), two_phase=draw(st.booleans()), max_stages=draw(st.integers(1, 4)), **GREEDY)
+    return dcp.plan(spec, cluster, cfg)
+
+
+def check_invariants(plan, res: SimResult, cost):
+    lat = cost.profile.link_latency_us * 1e-6
+    eps = 1e-12
+    assert res.makespan_s >= res.compute_s.max() * (1 - 1e-12)
+    assert res.makespan_s >= res.ideal_s * (1 - 1e-12)
+    assert res.makespan_s == pytest.approx(max(res.end_s.max(), max((e.end_s for e in res.events), default=0)))
+    table = transfer_table(plan, res.direction)
+    assert res.n_transfers == table.shape[0]
+    assert int(res.comm_bytes.sum()) == 2 * int(table[:, 3].sum())
+    for e in res.events:
+        assert e.end_s >= e.start_s
+        if e.kind == "transfer":
+            assert e.end_s >= e.start_s + lat * (1 - 1e-12)
+    for d in range(plan.n_devices):
+        stream = sorted((e for e in res.events if e.device == d and e.kind != "transfer"), key=lambda e: e.start_s)
+        for a, b in zip(stream, stream[1:]):
+            assert b.start_s >= a.end_s - eps * max(1.0, a.end_s), (a, b)
+        busy = sum(e.end_s - e.start_s for e in stream if e.kind != "wait")
+        assert busy == pytest.approx(res.compute_s[d] + res.reduce_s[d], rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=n_examples(25, 400))
+@given(random_plans(), st.sampled_from(["a100", "h100", "h200"]))
+def test_invariants_on_random_plans(plan, profile):
+    cost = CostModel.named(profile)
+    fwd, bwd = simulate_both(plan, cost)
+    for res in (fwd, bwd):
+        check_invariants(plan, res, cost)
+    assert bwd.makespan_s > fwd.makespan_s  # 2.5x the FLOPs at a lower rate, more bytes, plus delta
+    per_unit = simulate(plan, cost, "forward", coalesce=False)
+    check_invariants(plan, per_unit, cost)
+    assert per_unit.n_flows == per_unit.n_transfers
+    no_events = simulate(plan, cost, "backward", record_events=False)
+    assert no_events.makespan_s == bwd.makespan_s and no_events.events == ()
+
+
+def test_baseline_plans_with_relays_and_partial_chains():
+    baselines = pytest.importorskip("dcp.baselines")
+    spec = dcp.BatchSpec([900, 400, 130], M.CausalMask(), 4, 2, 64)
+    for name, cls in sorted(baselines.BASELINES.items()):
+        try:
+            plan = cls().plan(spec, dcp.Cluster(2, 2))
+        except Exception as exc:  # a baseline under construction must not fail the simulator's tests
+            pytest.skip(f"baseline {name} failed to plan: {exc}")
+        fwd, bwd = simulate_both(plan, H100)
+        check_invariants(plan, fwd, H100)
+        check_invariants(plan, bwd, H100)
+        assert fwd.summary().startswith("simulated (h100) forward")
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+def test_summary_and_trace_export(tmp_path):
+    spec = dcp.BatchSpec([600, 333], M.CausalMask(), 4, 2, 64)
+    plan = dcp.plan(spec, dcp.Cluster(2, 2), dcp.PlannerConfig(block_size=64, **GREEDY))
+    fwd, bwd = simulate_both(plan, H100)
+    assert fwd.summary().startswith("simulated (h100)") and "backward" in bwd.summary()
+    json.dumps(fwd.to_dict())
+    path = tmp_path / "trace.json"
+    to_chrome_trace([fwd, bwd], str(path))
+    doc = json.loads(path.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    want = 0
+    for res in (fwd, bwd):
+        n_transfer = sum(e.kind == "transfer" for e in res.events)
+        want += len(res.events) - n_transfer + 2 * n_transfer  # transfers appear on sender and receiver
+    assert len(slices) == want
+    assert {e["pid"] for e in slices} <= set(range(4)) | set(range(1000, 1004))
+    assert all(e["dur"] >= 0 and "ts" in e for e in slices)
+    # a thread never holds overlapping slices (transfers are packed into lanes)
+    by_thread = {}
+    for e in slices:
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_thread.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))
+    single = tmp_path / "one.json"
+    to_chrome_trace(fwd, str(single))
+    assert len([e for e in json.loads(single.read_text())["traceEvents"] if e["ph"] == "X"]) == \
+        len(fwd.events) + sum(e.kind == "transfer" for e in fwd.events)
