@@ -1,10 +1,10 @@
 """Stages and routes: when each tile runs and how every remote unit travels.
 
-A device's tiles whose inputs are all local form stage 0. Its remote input units are then grouped into
-rounds 1..S: round r's transfers are posted before stage r−1 computes, so they hide behind it. Units are
-taken greedily by value density (modelled compute they unlock per modelled transfer second) until the
-round's transfer time reaches the compute time of the stage it overlaps; stage r holds the tiles whose
-inputs have all arrived. The last round takes what is left.
+A device's remote input units are grouped into rounds 1..S: round r's transfers are posted before
+stage r−1 computes, so they hide behind it; stage r holds the tiles whose inputs have all arrived by
+round r. Devices exchange data in lockstep rounds, so every stage of every device aims at the same
+modelled time (total compute / devices / (S + 1)): local tiles, which need no transfer, fill each
+stage's shortfall (see ``_device_stages``).
 
 Partial outputs go home in the first round after their last tile ran (stage s → round s+2). With
 ``two_phase``, a unit needed by several GPUs of a remote node crosses the network once, to the GPU that
@@ -35,15 +35,22 @@ class Routes:
     outputs: np.ndarray
 
 
-def _greedy_rounds(unit_time, unit_of_tile_q, unit_of_tile_kv, tile_time, stage0_time, max_stages):
-    """Round of each unit and stage of each non-local tile for one device (vectorized per round).
+def _device_stages(unit_time, unit_of_tile_q, unit_of_tile_kv, tile_time, stage_target, max_stages):
+    """Round of each remote unit and stage of each tile of one device (vectorized per round).
 
-    ``unit_of_tile_q/kv``: index of the tile's remote q/kv unit, or -1 when local."""
+    ``unit_of_tile_q/kv``: index of the tile's remote q/kv unit, or -1 when local. Every stage aims at
+    the same modelled time ``stage_target`` on every device: devices exchange data in lockstep rounds,
+    so a stage that runs long on one device delays everyone's next round. Round r's units are chosen by
+    value density (compute they unlock per transfer second) until their transfer time fills the
+    overlapped stage. A tile is released in the stage its last input arrives (local tiles: stage 0);
+    stages are then filled in order up to the target with released tiles, in tile order so a
+    sequence's tiles stay together, and the last stage takes what is left.
+    """
     n_units = unit_time.size
     unit_round = np.zeros(n_units, dtype=np.int64)  # 0: not yet chosen
+    local = (unit_of_tile_q < 0) & (unit_of_tile_kv < 0)
     tile_stage = np.zeros(unit_of_tile_q.size, dtype=np.int64)
-    pending = np.ones(unit_of_tile_q.size, dtype=bool)
-    prev = stage0_time
+    pending = ~local
     for r in range(1, max_stages + 1):
         open_units = unit_round == 0
         if not open_units.any():
@@ -60,8 +67,7 @@ def _greedy_rounds(unit_time, unit_of_tile_q, unit_of_tile_kv, tile_time, stage0
             share = np.where(miss_q & miss_kv, 0.5, 1.0) * tile_time
             value = np.bincount(unit_of_tile_q[miss_q], weights=share[miss_q], minlength=n_units) + \
                 np.bincount(unit_of_tile_kv[miss_kv], weights=share[miss_kv], minlength=n_units)
-            remaining = unit_time[open_units].sum()
-            budget = max(prev, remaining / (max_stages - r + 1))
+            budget = max(stage_target, unit_time[open_units].sum() / (max_stages - r + 1))
             cand = np.flatnonzero(open_units)
             cand = cand[np.argsort(-value[cand] / np.maximum(unit_time[cand], 1e-12), kind="stable")]
             within = np.cumsum(unit_time[cand]) <= budget
@@ -74,7 +80,23 @@ def _greedy_rounds(unit_time, unit_of_tile_q, unit_of_tile_kv, tile_time, stage0
             ((unit_of_tile_kv < 0) | have[np.maximum(unit_of_tile_kv, 0)])
         tile_stage[ready] = r
         pending &= ~ready
-        prev = tile_time[ready].sum()
+    # tile_stage now holds each tile's release stage (0 for local tiles); fill stages in order, each up
+    # to the common target, with released tiles in tile order (a sequence's tiles stay together)
+    release = tile_stage
+    n_stages = max(int(release.max()) + 1, max_stages + 1)
+    stage = np.full(release.size, -1, dtype=np.int64)
+    for s_ in range(n_stages):
+        cand = np.flatnonzero((stage < 0) & (release <= s_))
+        if cand.size == 0:
+            continue
+        if s_ == n_stages - 1:
+            stage[cand] = s_
+            break
+        take = np.cumsum(tile_time[cand]) - tile_time[cand] <= stage_target
+        if not take[0] and s_ >= release[cand].max():
+            take[0] = True
+        stage[cand[take]] = s_
+    tile_stage = stage
     return unit_round, tile_stage
 
 
@@ -88,6 +110,7 @@ def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
     q_key = tiles.q_tb.astype(np.int64) * nhb + tiles.hb
     kv_key = tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
     gpn = cluster.gpus_per_node
+    stage_target = float(tile_time.sum()) / cluster.n_devices / (max_stages + 1)
     for d in range(cluster.n_devices):
         t_idx = np.flatnonzero(tile_device == d)
         if t_idx.size == 0:
@@ -105,11 +128,13 @@ def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
         src = home[tb]
         nbytes = np.where(side == 0, unit_bytes(spec, layout, Kind.Q, tb), unit_bytes(spec, layout, Kind.KV, tb))
         utime = cost.transfer_s(nbytes, src // gpn != d // gpn, gpn)
-        local = ~q_remote & ~kv_remote
-        urnd, stage = _greedy_rounds(utime, uq, ukv, tile_time[t_idx], tile_time[t_idx][local].sum(), max_stages)
+        urnd, stage = _device_stages(utime, uq, ukv, tile_time[t_idx], stage_target, max_stages)
         tile_stage[t_idx] = stage
         rows.append(np.stack([side, tb, ukeys // 2 % nhb, src, np.full_like(tb, d), urnd], axis=1))
     inputs = np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
+    if inputs.shape[0] == 0:
+        # nothing moves (every tile sits with its data): one stage, one kernel call per device
+        tile_stage[:] = 0
     outputs = _output_routes(tiles, home, tile_device, tile_stage, nhb)
     if two_phase and cluster.nodes > 1:
         inputs = _relay_inputs(inputs, gpn)

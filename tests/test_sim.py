@@ -137,14 +137,22 @@ def two_block_plan(cluster=dcp.Cluster(1, 2), block=2048, heads=8, head_dim=128)
                     "pinned", time.perf_counter())
 
 
-def test_one_device_makespan_is_sum_of_tile_times():
+def _one_call(plan, direction):
+    t = plan.tiles
+    flops = t.bwd_flops if direction == "backward" else t.fwd_flops
+    group = plan.layout.tb_seq[t.q_tb] * plan.layout.n_head_blocks + t.hb
+    return H100.fused_call_s(flops, t.full, t.q_tb, t.kv_tb, group, plan.layout.tb_len,
+                             backward=direction == "backward")
+
+
+def test_one_device_makespan_is_one_fused_call():
     spec = dcp.BatchSpec([700, 300, 129], M.CausalMask(), 4, 2, 64)
     plan = dcp.plan(spec, dcp.Cluster(1, 1), dcp.PlannerConfig(block_size=128, **GREEDY))
     fwd, bwd = simulate_both(plan, H100)
-    assert fwd.makespan_s == pytest.approx(tile_times(plan, H100, "forward").sum(), rel=1e-12)
+    assert fwd.makespan_s == pytest.approx(_one_call(plan, "forward"), rel=1e-12)
     assert fwd.wait_s.sum() == 0 and fwd.reduce_s.sum() == 0 and fwd.comm_bytes.sum() == 0
     delta = float(H100.memory_bound_s(spec.total_tokens * spec.num_heads * (2 * 64 * 2 + 4)))
-    assert bwd.makespan_s == pytest.approx(tile_times(plan, H100, "backward").sum() + delta, rel=1e-12)
+    assert bwd.makespan_s == pytest.approx(_one_call(plan, "backward") + delta, rel=1e-12)
     assert [e.kind for e in bwd.events][0] == "delta"
     assert iteration_time_s(fwd, bwd) == fwd.makespan_s + bwd.makespan_s
 
@@ -342,3 +350,18 @@ def test_summary_and_trace_export(tmp_path):
     to_chrome_trace(fwd, str(single))
     assert len([e for e in json.loads(single.read_text())["traceEvents"] if e["ph"] == "X"]) == \
         len(fwd.events) + sum(e.kind == "transfer" for e in fwd.events)
+
+
+def test_fused_call_charges_one_overhead_and_merged_extents():
+    p = H100.profile
+    eff = lambda n: n / (n + p.half_rows)  # noqa: E731  (half_rows == half_cols in the bundled profiles)
+    tb_len = np.array([1024, 1024])
+    flops = np.array([4.0 * 1024 * 1024 * 128, 4.0 * 1024 * 1024 * 128])
+    full = np.array([True, True])
+    # two tiles of one sequence: q blocks 0 and 1 against kv block 0 -> q extent 2048, kv extent 1024
+    got = H100.fused_call_s(flops, full, np.array([0, 1]), np.array([0, 0]), np.array([0, 0]), tb_len)
+    want = p.kernel_overhead_us * 1e-6 + flops.sum() / (p.attn_fwd_tflops * 1e12 * eff(2048) * eff(1024))
+    assert got == pytest.approx(want, rel=1e-12)
+    # the same tiles in two different groups run at single-block extents
+    got2 = H100.fused_call_s(flops, full, np.array([0, 1]), np.array([0, 0]), np.array([0, 1]), tb_len)
+    assert got2 > got

@@ -86,6 +86,30 @@ class CostModel:
         bw = np.where(inter_node, p.nic_gbps_per_node / max(gpus_per_node, 1), p.nvlink_gbps) * 1e9
         return p.link_latency_us * 1e-6 + np.asarray(nbytes, float) / bw
 
+    def fused_call_s(self, flops, full, q_tb, kv_tb, group, tb_len, backward: bool = False) -> float:
+        """One kernel call over a set of tiles (how executors run a ``Compute`` instruction: a single
+        varlen launch). The launch overhead is paid once; each (sequence, head block) group of tiles
+        runs at the efficiency of its merged extents -- the q rows and kv columns it covers -- so a plan
+        is not charged for how finely its tiles happen to be cut.
+
+        Args: per-tile arrays ``flops``, ``full``, ``q_tb``, ``kv_tb``, ``group`` (any int key per
+        (sequence, head block)); ``tb_len``: tokens per token block.
+        """
+        p = self.profile
+        flops = np.asarray(flops, float)
+        if flops.size == 0:
+            return 0.0
+        group = np.asarray(group, np.int64)
+        gid, g_inv = np.unique(group, return_inverse=True)
+        extents = []
+        for blocks in (q_tb, kv_tb):
+            key = np.unique(np.stack([g_inv, np.asarray(blocks, np.int64)], axis=1), axis=0)
+            extents.append(np.bincount(key[:, 0], weights=tb_len[key[:, 1]], minlength=gid.size))
+        q_ext, kv_ext = extents[0][g_inv], extents[1][g_inv]
+        eff = self._efficiency(q_ext, kv_ext, np.asarray(full))
+        rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
+        return float(p.kernel_overhead_us * 1e-6 + (flops / (rate * eff)).sum())
+
     def memory_bound_s(self, nbytes):
         """A kernel streaming ``nbytes`` through HBM (merge, sum, gather)."""
         return self.profile.kernel_overhead_us * 1e-6 + np.asarray(nbytes, float) / (self.profile.hbm_gbps * 1e9)

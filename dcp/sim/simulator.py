@@ -4,8 +4,9 @@ Model (all times from ``CostModel``; every number it produces is *simulated*, no
 
 - **Streams.** Each device runs its instruction stream in program order on one compute stream.
   ``CommLaunch(r)`` posts round r's transfers and costs nothing on the stream. ``Compute`` occupies the
-  stream for the sum of its tiles' modelled times (``tile_forward_s`` / ``tile_backward_s`` with the
-  tile's q/kv block lengths and fullness). ``CommWait(r)`` blocks until every transfer of round r this
+  stream for one fused kernel call over its tiles (``CostModel.fused_call_s``: one launch overhead,
+  each (sequence, head block) group at the efficiency of its merged q/kv extents), so plans are not
+  charged for how finely their tiles are cut. ``CommWait(r)`` blocks until every transfer of round r this
   device sends or receives has finished. ``Reduce(unit, sources)`` is one fused memory-bound merge
   kernel: it reads the local accumulator and each received partial and writes the accumulator,
   ``memory_bound_s((2 + len(sources)) * unit_bytes)``. In the backward each device first computes
@@ -175,7 +176,9 @@ def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesc
     n_nodes = plan.cluster.nodes
     programs = plan.program(direction)
     latency = prof.link_latency_us * 1e-6
-    tile_t = tile_times(plan, cost, direction)
+    tiles = plan.tiles
+    t_flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
+    t_group = plan.layout.tb_seq[tiles.q_tb].astype(np.int64) * plan.layout.n_head_blocks + tiles.hb
     bpt = {int(k): int(v) for k, v in bytes_per_token(plan.spec, plan.layout).items()}
     tb_len = plan.layout.tb_len.tolist()
 
@@ -278,7 +281,9 @@ def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesc
                 dur = compute_cache.get(id(ins))
                 if dur is None:
                     idx = np.fromiter(ins.tiles, dtype=np.int64, count=len(ins.tiles))
-                    dur = compute_cache[id(ins)] = float(tile_t[idx].sum())
+                    dur = compute_cache[id(ins)] = cost.fused_call_s(
+                        t_flops[idx], tiles.full[idx], tiles.q_tb[idx], tiles.kv_tb[idx], t_group[idx],
+                        plan.layout.tb_len, backward=direction == "backward")
                 if dur > 0:
                     compute_s[d] += dur
                     if record_events:
