@@ -19,6 +19,7 @@ from dcp.spec import BatchSpec
 
 PARTITIONERS = ("mtkahypar", "kahypar", "greedy")
 PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
+SEARCH_PLANNERS = ("dcp_auto",)  # dcp at its best block size, or a static plan when that simulates faster
 STAT_COLUMNS = ("planner", "n_devices", "n_tiles", "planning_time_s", "comm_bytes_total", "comm_bytes_inter_node",
                 "max_device_comm_bytes", "compute_imbalance", "memory_imbalance", "valid")
 
@@ -35,6 +36,11 @@ def make_planner(name: str, config: PlannerConfig):
 
     if name == "dcp":
         return DCPPlanner(config)
+    if name == "dcp_auto":
+        from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
+        from dcp.search import AutoPlanner
+
+        return AutoPlanner(config, baselines=(ZigzagPlanner(), MegatronDynCPPlanner()))
     from dcp.baselines import BASELINES
 
     if name not in BASELINES:
@@ -170,7 +176,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan one batch and print what the plan achieves")
     _add_batch_args(p)
-    p.add_argument("--planner", default="dcp", choices=(*PLANNERS, "all"))
+    p.add_argument("--planner", default="dcp", choices=(*PLANNERS, *SEARCH_PLANNERS, "all"))
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--output", help="write the (first) plan's bytes to this file")
     p.set_defaults(func=cmd_plan)
@@ -178,6 +184,9 @@ def main(argv=None) -> int:
     _add_batch_args(d)
     d.add_argument("--no-execute", action="store_true", help="plan only, do not run the CPU execution check")
     d.set_defaults(func=cmd_demo)
+    from dcp.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     try:
         started = time.perf_counter()

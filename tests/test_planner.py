@@ -320,3 +320,19 @@ def test_plan_warnings_are_not_emitted_on_the_happy_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dcp.plan(spec, dcp.Cluster(1, 2), dcp.PlannerConfig(block_size=64))
+
+
+def test_auto_planner_keeps_the_fastest_simulated_candidate():
+    from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.search import AutoPlanner
+
+    spec = dcp.BatchSpec([3000, 700, 200, 90], M.CausalMask(), 4, 2, 32)
+    auto = AutoPlanner(dcp.PlannerConfig(**GREEDY), block_sizes=(128, 512),
+                       baselines=(ZigzagPlanner(), MegatronDynCPPlanner()))
+    plan = auto.plan(spec, dcp.Cluster(2, 2))
+    dcp.validate(plan)
+    cands = plan.meta["candidates"]
+    assert set(cands) == {"dcp@B128", "dcp@B512", "zigzag", "megatron_dyncp"}
+    total = {k: v["forward_s"] + v["backward_s"] for k, v in cands.items()}
+    assert plan.meta["chosen"] == min(total, key=total.get)
+    assert plan.planner == f"dcp_auto:{plan.meta['chosen']}"

@@ -1,0 +1,1 @@
+"""Benchmarks at cluster scale through the simulator: ``dcp bench micro|dryrun|megatron``."""
