@@ -23,6 +23,8 @@ _LAZY = {
     "undispatch": ("dcp.execute", "undispatch"),
     "reference_attention": ("dcp.execute", "reference_attention"),
     "ReferenceExecutor": ("dcp.execute", "ReferenceExecutor"),
+    "DCPLoader": ("dcp.integration", "DCPLoader"),
+    "DCPAttention": ("dcp.integration", "DCPAttention"),
 }
 
 

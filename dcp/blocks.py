@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dcp.errors import InvalidConfigError
+from dcp.errors import InvalidBatchError, InvalidConfigError
 from dcp.spec import BatchSpec
 
 
@@ -35,6 +35,7 @@ class BlockLayout:
     head_block_size: int
     n_head_blocks: int
     kv_heads_per_block: int
+    group_size: int = 1  # query heads per KV head (GQA)
 
     @property
     def n_token_blocks(self) -> int:
@@ -47,8 +48,10 @@ class BlockLayout:
         return np.concatenate([self.tb_start[lo:hi] - first, [self.tb_start[hi - 1] + self.tb_len[hi - 1] - first]])
 
     def kv_head_range(self, hb: int) -> tuple[int, int]:
-        """KV heads [lo, hi) read by head block ``hb``."""
-        return hb * self.kv_heads_per_block, (hb + 1) * self.kv_heads_per_block
+        """KV heads [lo, hi) read by head block ``hb``: from its first query head's KV head on (a head
+        block smaller than a GQA group reads that group's single KV head)."""
+        lo = hb * self.head_block_size // self.group_size
+        return lo, lo + self.kv_heads_per_block
 
 
 def head_blocking(spec: BatchSpec, head_block_size: int | None) -> tuple[int, int, int]:
@@ -86,7 +89,7 @@ def make_layout(spec: BatchSpec, bounds_per_seq: Sequence[np.ndarray], head_bloc
         seqs.append(np.full(bounds.size - 1, s, dtype=np.int32))
         ptr.append(ptr[-1] + bounds.size - 1)
     return BlockLayout(np.concatenate(seqs), np.concatenate(starts), np.concatenate(lens).astype(np.int32),
-                       np.asarray(ptr, dtype=np.int32), hqb, nhb, kvb)
+                       np.asarray(ptr, dtype=np.int32), hqb, nhb, kvb, spec.group_size)
 
 
 def uniform_layout(spec: BatchSpec, block_size: int, head_block_size: int | None = None) -> BlockLayout:
@@ -161,6 +164,8 @@ def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
     q_tb = np.concatenate(q_parts).astype(np.int32)
     kv_tb = np.concatenate(k_parts).astype(np.int32)
     unmasked = np.concatenate(c_parts)
+    if q_tb.size == 0:
+        raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
     full = unmasked == layout.tb_len[q_tb].astype(np.int64) * layout.tb_len[kv_tb]
     nhb = layout.n_head_blocks
     # expand over head blocks: tile id = (pair index) * nhb + hb keeps (q block, hb, kv block) grouping

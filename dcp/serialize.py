@@ -111,7 +111,7 @@ def plan_to_bytes(plan: Plan) -> bytes:
         "spec": _spec_description(plan.spec),
         "cluster": {"nodes": plan.cluster.nodes, "gpus_per_node": plan.cluster.gpus_per_node},
         "layout": {"head_block_size": lay.head_block_size, "n_head_blocks": lay.n_head_blocks,
-                   "kv_heads_per_block": lay.kv_heads_per_block},
+                   "kv_heads_per_block": lay.kv_heads_per_block, "group_size": lay.group_size},
         "planner": plan.planner, "planning_time_s": plan.planning_time_s, "notes": list(plan.notes),
         "meta": {k: v for k, v in plan.meta.items() if isinstance(v, (bool, int, float, str))},
         "arrays": [[k, v.dtype.newbyteorder("<").str, list(v.shape)] for k, v in arrays.items()],
@@ -152,7 +152,7 @@ def plan_from_bytes(data: bytes) -> Plan:
     cluster = Cluster(**header["cluster"])
     lh = header["layout"]
     layout = BlockLayout(arrays["tb_seq"], arrays["tb_start"], arrays["tb_len"], arrays["seq_tb_ptr"],
-                         lh["head_block_size"], lh["n_head_blocks"], lh["kv_heads_per_block"])
+                         lh["head_block_size"], lh["n_head_blocks"], lh["kv_heads_per_block"], lh["group_size"])
     tiles = TileSet(arrays["q_tb"], arrays["kv_tb"], arrays["hb"], arrays["unmasked"], arrays["full"],
                     arrays["fwd_flops"], arrays["bwd_flops"])
     n = cluster.n_devices

@@ -336,3 +336,9 @@ def test_auto_planner_keeps_the_fastest_simulated_candidate():
     total = {k: v["forward_s"] + v["backward_s"] for k, v in cands.items()}
     assert plan.meta["chosen"] == min(total, key=total.get)
     assert plan.planner == f"dcp_auto:{plan.meta['chosen']}"
+
+
+def test_a_batch_with_nothing_to_attend_is_refused():
+    empty = M.RangesMask(np.zeros((3, 1, 2), dtype=np.int32))
+    with pytest.raises(dcp.InvalidBatchError, match="no \\(query, key\\) pair"):
+        dcp.plan(dcp.BatchSpec([3], empty, 1, 1, 4), dcp.Cluster(1, 2), dcp.PlannerConfig(block_size=2, **GREEDY))
