@@ -9,12 +9,16 @@
 #include <cstdint>
 #include <string>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DCP_HAVE_AVX2_KERNELS 1
+#endif
+
 namespace dcp {
 
 enum class DType : int32_t { kF64 = 0, kF32 = 1, kBF16 = 2, kF16 = 3 };
 
 // Blocking constants shared by every ISA variant.
-constexpr int64_t kBlockQ = 48;   // q rows per block (multiple of kMR and of every NR)
+constexpr int64_t kBlockQ = 96;   // q rows per block (multiple of kMR and of every NR)
 constexpr int64_t kBlockK = 96;   // keys per block; also the key-chunk size of the dK/dV pass
 constexpr int64_t kMR = 6;        // micro-kernel rows
 

@@ -9,8 +9,8 @@
 //   forward  : S^T = K Q^T (Q pre-scaled), mask, online softmax over columns, O += P V.
 //   dQ pass  : S^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta), dQ += dS K.
 //   dKV pass : per key chunk (kBlockK keys) and kv head, over every (segment, tile) touching the chunk:
-//              the same P^T/dS^T, then dV += P^T dO, dK += dS^T Q. Each chunk owns its dK/dV rows, so
-//              there are no races and results are deterministic.
+//              S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dV += P^T dO, dK += dS^T Q.
+//              Each chunk owns its dK/dV rows: no races, no atomics, deterministic results.
 // The GEMMs use one register-blocked micro-kernel (kMR x NR, NR = two vectors) written with GCC vector
 // extensions; the compiler maps it to SSE2 or AVX2+FMA.
 #ifndef DCP_ISA_NS
@@ -44,9 +44,9 @@ constexpr int64_t MR = kMR;
 static_assert(BQ % MR == 0 && BK % MR == 0, "blocks must be multiples of the micro-kernel rows");
 static_assert(BQ % (2 * (DCP_VEC_BYTES / 4)) == 0, "BQ must be a multiple of the float NR");
 
-inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+constexpr int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+constexpr int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 template <typename V, typename T>
 inline V ldu(const T* p) {
@@ -212,10 +212,11 @@ constexpr int64_t slot(int64_t n) {
 enum : int { kEmpty = 0, kFull = 1, kPartial = 2 };
 
 // Classify tile `tile` for segment rows [srow0, srow0 + nq) and tile-relative keys [kb0, kb0 + bk).
-// For kPartial, fills bias rows [joff, joff + bk) (x BQ columns) with 0 where allowed, -inf elsewhere.
+// For kPartial, fills bias[(joff + key - kb0) * sj + i * si] for keys of the block and q rows i < BQ with
+// 0 where allowed, -inf elsewhere ((sj, si) = (BQ, 1) for the S^T layout, (1, ld) for S).
 template <typename T>
 int block_mask(const TileTableView& tt, int64_t tile, int64_t srow0, int64_t nq, int64_t kb0, int64_t bk,
-               T* bias, int64_t joff) {
+               T* bias, int64_t joff, int64_t sj = BQ, int64_t si = 1) {
   const int64_t mrow = tt.tile_mask_row[tile];
   if (mrow < 0) return kFull;
   const int64_t R = tt.n_ranges;
@@ -237,12 +238,12 @@ int block_mask(const TileTableView& tt, int64_t tile, int64_t srow0, int64_t nq,
   if (all) return kFull;
   const T ninf = -std::numeric_limits<T>::infinity();
   for (int64_t j = joff; j < joff + bk; ++j)
-    for (int64_t i = 0; i < BQ; ++i) bias[j * BQ + i] = ninf;
+    for (int64_t i = 0; i < BQ; ++i) bias[j * sj + i * si] = ninf;
   for (int64_t i = 0; i < nq; ++i) {
     const int32_t* rr = rg + i * R * 2;
     for (int64_t r = 0; r < R; ++r) {
       const int64_t s = imax(rr[2 * r], kb0), e = imin(rr[2 * r + 1], kb1);
-      for (int64_t key = s; key < e; ++key) bias[(joff + key - kb0) * BQ + i] = T(0);
+      for (int64_t key = s; key < e; ++key) bias[(joff + key - kb0) * sj + i * si] = T(0);
     }
   }
   return kPartial;
@@ -282,12 +283,6 @@ void ds_from_p(const T* pt, T* dpt, const T* delta, int64_t j0, int64_t j1) {
       T* d = dpt + j * BQ + v * W;
       stu(d, ldu<V>(pt + j * BQ + v * W) * (ldu<V>(d) - dl[v]));
     }
-}
-
-template <typename T>
-void zero_rows(T* x, int64_t ld, int64_t j0, int64_t j1) {
-  for (int64_t j = j0; j < j1; ++j)
-    for (int64_t i = 0; i < ld; ++i) x[j * ld + i] = T(0);
 }
 
 // Load lse/delta of rows [row0, row0 + nq) of head h; dead rows (lse = -inf) and padding get
@@ -465,28 +460,30 @@ void backward_dq_worker(const BwdParams& p, const QItem* items, int64_t n_items,
 }
 
 // ---------------------------------------------------------------------------------------------------
-// backward, pass 2: dK, dV (one worker item = key chunk x kv head)
+// backward, pass 2: dK, dV (one worker item = key chunk x kv head). Works on S = Q K^T (rows = q, columns
+// = keys of the chunk) so that K^T / V^T of the chunk are packed once per item and Q / dO only need
+// row-major copies; Q is pre-scaled so that dK = dS^T (scale Q) needs no final scaling.
 // ---------------------------------------------------------------------------------------------------
 template <typename S, typename G_, typename T>
 void backward_dkv_worker(const BwdParams& p, const ChunkIndex& ci, const KvItem* items, int64_t n_items,
                          std::atomic<int64_t>* next) {
-  constexpr int64_t NR = 2 * VT<T>::W;
+  typedef typename VT<T>::V V;
+  constexpr int64_t W = VT<T>::W, NR = 2 * W;
+  constexpr int64_t LD = BK + NR;  // key columns of S / dP / K^T / V^T (room for NR-aligned spans)
   const TileTableView& tt = p.tiles;
   const int64_t D = p.shape.d, Dp = round_up(D, NR), G = p.shape.hq / p.shape.hkv;
   const T scale = static_cast<T>(p.scale);
-  Scratch<T> arena(2 * slot<T>(D * BQ) + 2 * slot<T>(BQ * Dp) + 4 * slot<T>(BK * Dp) + 3 * slot<T>(BK * BQ) +
+  Scratch<T> arena(2 * slot<T>(D * LD) + 2 * slot<T>(BQ * Dp) + 2 * slot<T>(BK * Dp) + 3 * slot<T>(BQ * LD) +
                    2 * slot<T>(BQ));
-  T* qt = arena.take(D * BQ);
-  T* dot = arena.take(D * BQ);
+  T* kt = arena.take(D * LD);
+  T* vt = arena.take(D * LD);
   T* qr = arena.take(BQ * Dp);
   T* dor = arena.take(BQ * Dp);
-  T* kc = arena.take(BK * Dp);
-  T* vc = arena.take(BK * Dp);
   T* dk = arena.take(BK * Dp);
   T* dv = arena.take(BK * Dp);
-  T* st = arena.take(BK * BQ);
-  T* dpt = arena.take(BK * BQ);
-  T* bias = arena.take(BK * BQ);
+  T* sm = arena.take(BQ * LD);
+  T* dp = arena.take(BQ * LD);
+  T* bias = arena.take(BQ * LD);
   T* lse = arena.take(BQ);
   T* delta = arena.take(BQ);
   const S* q = static_cast<const S*>(p.q.data);
@@ -501,48 +498,57 @@ void backward_dkv_worker(const BwdParams& p, const ChunkIndex& ci, const KvItem*
     if (it >= n_items) break;
     const KvItem item = items[it];
     const int64_t c0 = static_cast<int64_t>(item.chunk) * BK, hk = item.kv_head;
-    const int64_t cl = imin(BK, p.shape.tk - c0), clp = round_up(cl, MR);
-    for (int64_t i = 0; i < clp * Dp; ++i) dk[i] = dv[i] = T(0);
+    const int64_t cl = imin(BK, p.shape.tk - c0);
+    for (int64_t i = 0; i < BK * Dp; ++i) dk[i] = dv[i] = T(0);
     const int64_t e0 = ci.ptr[item.chunk], e1 = ci.ptr[item.chunk + 1];
     if (e1 > e0) {
-      pack_rows(k + c0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, cl, D, T(1), kc, Dp, clp);
-      pack_rows(v + c0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, cl, D, T(1), vc, Dp, clp);
+      pack_cols(k + c0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, cl, D, T(1), kt, LD);
+      pack_cols(v + c0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, cl, D, T(1), vt, LD);
     }
     for (int64_t e = e0; e < e1; ++e) {
       const int64_t t = ci.tile[e], seg = ci.tile_seg[t];
       const int64_t k_start = tt.tile_k_start[t], k_end = k_start + tt.tile_k_len[t];
       const int64_t a = imax(k_start, c0), b = imin(k_end, c0 + cl);
       if (b <= a) continue;
+      // keys [ja, jb) of the chunk belong to this tile; GEMM rows of dK/dV [jlo, jhi) (MR-aligned), GEMM
+      // columns of S [jlo, chi) (a multiple of NR wide); P and dS are zero outside [ja, jb).
       const int64_t ja = a - c0, jb = b - c0, jlo = ja / MR * MR, jhi = round_up(jb, MR);
+      const int64_t chi = jlo + round_up(jhi - jlo, NR);
       const int64_t kb0 = a - k_start, bk = b - a;
       const int64_t q0 = tt.seg_cu[seg], qlen = tt.seg_cu[seg + 1] - q0;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t h = hk * G + g;
         for (int64_t qi0 = 0; qi0 < qlen; qi0 += BQ) {
           const int64_t nq = imin(BQ, qlen - qi0), row0 = q0 + qi0;
-          const int mk = block_mask(tt, t, qi0, nq, kb0, bk, bias, ja);
+          const int mk = block_mask(tt, t, qi0, nq, kb0, bk, bias, ja, 1, LD);
           if (mk == kEmpty) continue;
-          const S* qsrc = q + row0 * p.q.stride_t + h * p.q.stride_h;
-          const S* dsrc = dout + row0 * p.dout.stride_t + h * p.dout.stride_h;
-          pack_cols(qsrc, p.q.stride_t, nq, D, scale, qt, BQ);
-          pack_cols(dsrc, p.dout.stride_t, nq, D, T(1), dot, BQ);
-          pack_rows(qsrc, p.q.stride_t, nq, D, T(1), qr, Dp, nq);
-          pack_rows(dsrc, p.dout.stride_t, nq, D, T(1), dor, Dp, nq);
+          pack_rows(q + row0 * p.q.stride_t + h * p.q.stride_h, p.q.stride_t, nq, D, scale, qr, Dp, BQ);
+          pack_rows(dout + row0 * p.dout.stride_t + h * p.dout.stride_h, p.dout.stride_t, nq, D, T(1), dor, Dp,
+                    BQ);
           load_row_stats(p, h, row0, nq, lse, delta);
-          gemm<T, false, false>(jhi - jlo, BQ, D, kc + jlo * Dp, Dp, qt, BQ, st + jlo * BQ, BQ);
-          if (mk == kPartial) add_rows(st, bias, ja, jb);
-          exp_minus_lse(st, lse, ja, jb);
-          zero_rows(st, BQ, jlo, ja);  // keys of the chunk outside this tile
-          zero_rows(st, BQ, jb, jhi);
-          gemm<T, false, false>(jhi - jlo, BQ, D, vc + jlo * Dp, Dp, dot, BQ, dpt + jlo * BQ, BQ);
-          ds_from_p(st, dpt, delta, jlo, jhi);
-          gemm<T, false, true>(jhi - jlo, Dp, nq, st + jlo * BQ, BQ, dor, Dp, dv + jlo * Dp, Dp);
-          gemm<T, false, true>(jhi - jlo, Dp, nq, dpt + jlo * BQ, BQ, qr, Dp, dk + jlo * Dp, Dp);
+          gemm<T, false, false>(BQ, chi - jlo, D, qr, Dp, kt + jlo, LD, sm + jlo, LD);   // S
+          gemm<T, false, false>(BQ, chi - jlo, D, dor, Dp, vt + jlo, LD, dp + jlo, LD);  // dP = dO V^T
+          for (int64_t i = 0; i < BQ; ++i) {
+            T* srow = sm + i * LD;
+            T* drow = dp + i * LD;
+            if (mk == kPartial)
+              for (int64_t j = ja; j < jb; ++j) srow[j] += bias[i * LD + j];
+            const V lv = splat<V>(lse[i]), dl = splat<V>(delta[i]);
+            for (int64_t j = jlo; j < chi; j += W) {
+              const V pv = vexp(ldu<V>(srow + j) - lv);
+              stu(srow + j, pv);
+              stu(drow + j, pv * (ldu<V>(drow + j) - dl));
+            }
+            for (int64_t j = jlo; j < ja; ++j) srow[j] = drow[j] = T(0);  // keys outside this tile
+            for (int64_t j = jb; j < chi; ++j) srow[j] = drow[j] = T(0);
+          }
+          gemm<T, true, true>(jhi - jlo, Dp, nq, sm + jlo, LD, dor, Dp, dv + jlo * Dp, Dp);  // dV += P^T dO
+          gemm<T, true, true>(jhi - jlo, Dp, nq, dp + jlo, LD, qr, Dp, dk + jlo * Dp, Dp);   // dK += dS^T Q
         }
       }
     }
     for (int64_t j = 0; j < cl; ++j) {
-      store_row(dk_out + (c0 + j) * p.dk.stride_t + hk * p.dk.stride_h, dk + j * Dp, D, scale);
+      store_row(dk_out + (c0 + j) * p.dk.stride_t + hk * p.dk.stride_h, dk + j * Dp, D, T(1));
       store_row(dv_out + (c0 + j) * p.dv.stride_t + hk * p.dv.stride_h, dv + j * Dp, D, T(1));
     }
   }
@@ -564,7 +570,8 @@ void forward_entry(const FwdParams& p, const QItem* items, int64_t n, std::atomi
   do {                                                                                            \
     const bool f32_grads = p.grad_dtype == DType::kF32;                                           \
     switch (p.dtype) {                                                                            \
-      case DType::kF64: return FN<double, double, double>(__VA_ARGS__);                           \
+      case DType::kF64:                                                                           \
+        return f32_grads ? FN<double, float, double>(__VA_ARGS__) : FN<double, double, double>(__VA_ARGS__); \
       case DType::kF32: return FN<float, float, float>(__VA_ARGS__);                              \
       case DType::kBF16:                                                                          \
         return f32_grads ? FN<bf16_t, float, float>(__VA_ARGS__) : FN<bf16_t, bf16_t, float>(__VA_ARGS__); \

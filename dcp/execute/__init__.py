@@ -1,0 +1,18 @@
+"""Executors: run a plan's per-device programs, forward and backward.
+
+- ``ReferenceExecutor``: all devices in one process (in-memory transfers), for testing and debugging;
+- ``attention(q_local, k_local, v_local, plan, group=None)``: differentiable distributed attention over
+  ``torch.distributed`` (gloo on CPU, NCCL on GPU), one process per device (``DistributedExecutor``);
+- ``dispatch``/``undispatch``: scatter a packed batch to the devices' local layouts and gather it back;
+- ``reference_attention``: dense masked attention of the whole packed batch (the ground truth).
+
+The per-device interpreter both executors share is ``dcp.execute.local``.
+"""
+from dcp.execute.autograd import DCPAttentionFunction, attention
+from dcp.execute.dispatch import dispatch, undispatch
+from dcp.execute.distributed import DistributedExecutor
+from dcp.execute.oracle import reference_attention
+from dcp.execute.reference import ReferenceExecutor
+
+__all__ = ["ReferenceExecutor", "DistributedExecutor", "DCPAttentionFunction", "attention", "dispatch",
+           "undispatch", "reference_attention"]

@@ -1,0 +1,1 @@
+"""Example trainers built on dcp (see ``experiments/train_gpt.py``)."""

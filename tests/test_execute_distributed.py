@@ -1,0 +1,302 @@
+"""``dcp.attention`` over gloo: 2, 3 and 4 processes against dense attention, bad inputs, failed peers.
+
+Every child builds the same plan deterministically (greedy partitioner, no time budget), computes the
+dense fp64 truth of the whole batch once and compares its own slice (``plan.local_token_index(rank)``)
+of outputs and q/k/v gradients. Children report through files; the parent enforces a deadline.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import pickle
+import socket
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SPAWN_DEADLINE_S = 90.0
+PEER_TIMEOUT_S = 4.0
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_method() -> str:
+    """forkserver (one clean server process imports torch once, children fork from it) where available,
+    else spawn. Never plain fork: this pytest process may already run OpenMP threads."""
+    import multiprocessing
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.get_context("forkserver").set_forkserver_preload(
+            ["torch", "torch.distributed", "numpy", "dcp.execute", "dcp.planner", "dcp.masks.registry"])
+        return "forkserver"
+    return "spawn"
+
+
+def _spawn(world: int, scenario: str, tmp_path, allow_missing: bool = False) -> list:
+    """Run ``scenario`` in ``world`` gloo processes; return each rank's result dict (None for a rank that
+    wrote none, when ``allow_missing``)."""
+    port = _free_port()
+    ctx = mp.start_processes(_worker, args=(world, port, scenario, str(tmp_path)), nprocs=world, join=False,
+                             start_method=_start_method())
+    deadline = time.monotonic() + SPAWN_DEADLINE_S
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{scenario} with {world} processes did not finish in {SPAWN_DEADLINE_S}s")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    results = []
+    for r in range(world):
+        path = os.path.join(tmp_path, f"{scenario}-{r}.pkl")
+        if allow_missing and not os.path.exists(path):
+            results.append(None)
+            continue
+        assert os.path.exists(path), f"rank {r} wrote no result"
+        with open(path, "rb") as f:
+            results.append(pickle.load(f))
+    return results
+
+
+_OUTDIR = None
+
+
+def _worker(rank: int, world: int, port: int, scenario: str, outdir: str) -> None:
+    global _OUTDIR
+    _OUTDIR = outdir
+    torch.set_num_threads(1)
+    clean = True
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=30))
+        result, clean = SCENARIOS[scenario](rank, world)
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        result, clean = {"crash": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}, False
+    if result is not None:
+        with open(os.path.join(outdir, f"{scenario}-{rank}.pkl.tmp"), "wb") as f:
+            pickle.dump(result, f)
+        os.replace(os.path.join(outdir, f"{scenario}-{rank}.pkl.tmp"), os.path.join(outdir, f"{scenario}-{rank}.pkl"))
+    if clean:
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        os._exit(0)  # a broken process group may hang in its destructor
+
+
+def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seqlens=(23, 6, 17, 1)):
+    from dcp.cluster import Cluster
+    from dcp.config import PlannerConfig
+    from dcp.masks import CausalMask, DocumentMask, FullMask, LambdaMask, SharedQuestionMask
+    from dcp.partition import GreedyPartitioner
+    from dcp.planner import plan
+    from dcp.spec import BatchSpec
+
+    masks = {
+        "causal": [CausalMask()] * len(seqlens),
+        "mixed": [LambdaMask(sink=2, window=5), FullMask(), SharedQuestionMask(0.3, 2), CausalMask()][:len(seqlens)],
+        "document": [DocumentMask(doc_lengths=(n // 2, n - n // 2)) if n > 1 else CausalMask() for n in seqlens],
+    }[family]
+    spec = BatchSpec(list(seqlens), masks, 4, 2, 8, dtype=dtype)
+    cfg = PlannerConfig(block_size=3, head_block_size=2, partitioner=GreedyPartitioner(), time_budget_s=None)
+    return plan(spec, Cluster(nodes, world // nodes), cfg)
+
+
+def _digest(plan) -> str:
+    h = hashlib.sha1()
+    for a in (plan.home, plan.tile_device, plan.tile_stage):
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(repr([str(p) for p in plan.forward + plan.backward]).encode())
+    return h.hexdigest()
+
+
+def _truth(plan, seed=0):
+    from dcp.execute import reference_attention
+
+    spec = plan.spec
+    g = torch.Generator().manual_seed(seed)
+    t = spec.total_tokens
+    q = torch.randn(t, spec.num_heads, spec.head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(t, spec.num_kv_heads, spec.head_dim, generator=g, dtype=torch.float64)
+    v = torch.randn(t, spec.num_kv_heads, spec.head_dim, generator=g, dtype=torch.float64)
+    do = torch.randn(t, spec.num_heads, spec.head_dim, generator=g, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o, lse = reference_attention(*leaves, spec, return_lse=True)
+    grads = torch.autograd.grad(o, leaves, do)
+    return (q, k, v, do), o.detach(), lse.detach(), grads
+
+
+def _local_errors(plan, rank, dtype, seed=0) -> dict:
+    import dcp
+
+    (q, k, v, do), o_ref, lse_ref, g_ref = _truth(plan, seed)
+    ql, kl, vl = (dcp.dispatch(plan, rank, x).to(dtype).requires_grad_() for x in (q, k, v))
+    o, lse = dcp.attention(ql, kl, vl, plan, timeout=20, return_lse=True)
+    o.backward(dcp.dispatch(plan, rank, do).to(dtype))
+    sl = lambda x, dim=0: dcp.dispatch(plan, rank, x, dim)  # noqa: E731
+    err = lambda a, b: float((a.double() - b).abs().max()) if a.numel() else 0.0  # noqa: E731
+    fin = torch.isfinite(sl(lse_ref, 1))
+    return {"o": err(o.detach(), sl(o_ref)), "lse": err(lse[fin], sl(lse_ref, 1)[fin]),
+            "dq": err(ql.grad, sl(g_ref[0])), "dk": err(kl.grad, sl(g_ref[1])), "dv": err(vl.grad, sl(g_ref[2])),
+            "o_dtype": str(o.dtype), "n_local": int(ql.shape[0])}
+
+
+# ---------------------------------------------------------------------------------------- scenarios
+def _scenario_correct(rank, world):
+    out = {}
+    configs = [("causal", 1, "float64"), ("mixed", 1, "float32"), ("document", 1, "float64")]
+    if world % 2 == 0:
+        configs.append(("mixed", 2, "float64"))
+    for family, nodes, dtype in configs:
+        plan = _build(world, family, nodes, dtype)
+        out[family, nodes, dtype] = {"digest": _digest(plan), **_local_errors(plan, rank, getattr(torch, dtype))}
+    return out, True
+
+
+def _scenario_bad_inputs(rank, world):
+    import dcp
+    from dcp.errors import ExecutionError
+
+    calls = []
+    real = dist.batch_isend_irecv
+
+    def counting(ops):
+        calls.append(len(ops))
+        return real(ops)
+
+    dist.batch_isend_irecv = counting
+    plan = _build(world, "causal")
+    n = len(plan.local_token_index(rank))
+    q = torch.randn(n, 4, 8, dtype=torch.float64)
+    k = torch.randn(n, 2, 8, dtype=torch.float64)
+    v = torch.randn(n, 2, 8, dtype=torch.float64)
+    other = _build(world + 1, "causal")
+    cases = {
+        "short_q": lambda: dcp.attention(q[:-1], k, v, plan),
+        "heads": lambda: dcp.attention(q, q, v, plan),
+        "dtype": lambda: dcp.attention(q, k.float(), v, plan),
+        "world": lambda: dcp.attention(q, k, v, other),
+        "not_a_plan": lambda: dcp.attention(q, k, v, "plan"),
+    }
+    out = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+            out[name] = "no error"
+        except ExecutionError as err:
+            out[name] = "ExecutionError: " + str(err)
+        except Exception as err:  # noqa: BLE001
+            out[name] = f"{type(err).__name__}: {err}"
+    out["transfers_before"] = list(calls)
+    # the group still works: good calls afterwards match the dense truth
+    out["correct"], _ = _scenario_correct(rank, world)
+    out["transfers_after"] = len(calls)
+    return out, True
+
+
+def _peer_failure(rank, world, how):
+    import dcp
+
+    plan = _build(world, "causal")
+    (q, k, v, _), *_ = _truth(plan)
+    ql, kl, vl = (dcp.dispatch(plan, rank, x) for x in (q, k, v))
+    dist.barrier()
+    if rank == world - 1:
+        if how == "exit":
+            os._exit(0)
+        # stall (alive, silent) until the others have given up, then leave
+        give_up = time.monotonic() + PEER_TIMEOUT_S + 20
+        while time.monotonic() < give_up and not all(
+                os.path.exists(os.path.join(_OUTDIR, f"peer_stall-{r}.pkl")) for r in range(world - 1)):
+            time.sleep(0.2)
+        return {"stalled": True}, False
+    start = time.monotonic()
+    try:
+        dcp.attention(ql, kl, vl, plan, timeout=PEER_TIMEOUT_S)
+        res = {"error": None}
+    except Exception as err:  # noqa: BLE001
+        res = {"error": type(err).__name__, "message": str(err)}
+    res["elapsed"] = time.monotonic() - start
+    return res, False
+
+
+SCENARIOS = {
+    "correct": _scenario_correct,
+    "bad_inputs": _scenario_bad_inputs,
+    "peer_exit": lambda r, w: _peer_failure(r, w, "exit"),
+    "peer_stall": lambda r, w: _peer_failure(r, w, "stall"),
+}
+
+
+# -------------------------------------------------------------------------------------------- tests
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is required")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One 2-process run: bad inputs first (before any transfer), then the correctness configs."""
+    return _spawn(2, "bad_inputs", tmp_path_factory.mktemp("two_ranks"))
+
+
+def _check_correct(results):
+    for rank, res in enumerate(results):
+        assert "crash" not in res, res.get("crash")
+    for key in results[0]:
+        family, nodes, dtype = key
+        assert len({r[key]["digest"] for r in results}) == 1, "ranks built different plans"
+        assert sum(r[key]["n_local"] for r in results) == 47
+        tol = 1e-10 if dtype == "float64" else 2e-5
+        for rank, r in enumerate(results):
+            errs = {n: r[key][n] for n in ("o", "lse", "dq", "dk", "dv")}
+            assert max(errs.values()) < tol, (key, rank, errs)
+            assert r[key]["o_dtype"] == f"torch.{dtype}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_distributed_matches_dense(world, tmp_path, request):
+    if world == 2:
+        results = request.getfixturevalue("two_ranks")
+        for res in results:
+            assert "crash" not in res, res.get("crash")
+        _check_correct([res["correct"] for res in results])
+    else:
+        _check_correct(_spawn(world, "correct", tmp_path))
+
+
+def test_bad_inputs_raise_before_any_transfer(two_ranks):
+    for rank, res in enumerate(two_ranks):
+        assert "crash" not in res, res.get("crash")
+        assert res["transfers_before"] == [], "a transfer was posted before the inputs were checked"
+        assert "shape" in res["short_q"] and res["short_q"].startswith("ExecutionError"), res["short_q"]
+        assert res["heads"].startswith("ExecutionError") and "shape" in res["heads"]
+        assert res["dtype"].startswith("ExecutionError") and "dtype" in res["dtype"]
+        assert res["world"].startswith("ExecutionError") and "3 devices" in res["world"]
+        assert res["not_a_plan"].startswith("ExecutionError")
+        assert res["transfers_after"] > 0  # the same group then ran the good calls
+
+
+@pytest.mark.parametrize("how", ["exit", "stall"])
+def test_failed_peer_raises_within_timeout(how, tmp_path):
+    world = 3
+    results = _spawn(world, f"peer_{how}", tmp_path, allow_missing=True)
+    if how == "exit":
+        assert results[-1] is None and all(r is not None for r in results[:-1]), results
+    survivors = [r for r in results if r is not None and "stalled" not in r]
+    assert survivors, results
+    for res in survivors:
+        assert "crash" not in res, res.get("crash")
+        assert res["error"] == "ExecutionError", res
+        assert "round" in res["message"] and "devices" in res["message"], res["message"]
+        assert res["elapsed"] < PEER_TIMEOUT_S + 6, res
