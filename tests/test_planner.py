@@ -12,7 +12,7 @@ from dcp import masks as M
 from dcp.blocks import enumerate_tiles, pair_counts, uniform_layout
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner, Partitioner
 from dcp.plan import CommLaunch, Compute, Reduce
-from tests._budget import n_examples
+from _budget import n_examples
 
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
 
