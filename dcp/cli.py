@@ -98,8 +98,8 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--block-size", type=int, default=1024)
     c.add_argument("--head-block-size", type=int, default=None)
     c.add_argument("--partitioner", default="mtkahypar", choices=PARTITIONERS)
-    c.add_argument("--epsilon-intra", type=float, default=0.05)
-    c.add_argument("--epsilon-inter", type=float, default=0.05)
+    c.add_argument("--epsilon-intra", type=float, default=0.045)
+    c.add_argument("--epsilon-inter", type=float, default=0.045)
     c.add_argument("--profile", default="a100", help="cost-model GPU profile: a100, h100, h200 or a .json path")
     c.add_argument("--no-two-phase", action="store_true", help="no node-level relay/merge of transfers")
 

@@ -20,9 +20,10 @@ class PlannerConfig:
         block_size: tokens per token block (the last block of a sequence keeps the remainder).
         head_block_size: query heads per head block (None: all heads in one block).
         partitioner: ``MtKaHyParPartitioner()`` (default), ``KaHyParPartitioner()`` or ``GreedyPartitioner()``.
-        epsilon_inter: compute imbalance allowed between nodes (level 1).
+        epsilon_inter: compute (tile FLOPs) imbalance allowed between nodes (level 1).
         epsilon_intra: compute imbalance allowed between the GPUs of a node (level 2). The overall
-            device imbalance stays below (1 + epsilon_inter)(1 + epsilon_intra).
+            device imbalance stays below (1 + epsilon_inter)(1 + epsilon_intra) (1.092 by default),
+            unless a single tile is larger than that slack.
         epsilon_memory: resident-token imbalance allowed at each level (a single token block larger
             than the mean share is never split, so small batches may exceed it; see ``plan.stats()``).
         seed: partitioner seed.
@@ -39,8 +40,8 @@ class PlannerConfig:
     block_size: int = 1024
     head_block_size: int | None = None
     partitioner: Partitioner = field(default_factory=MtKaHyParPartitioner)
-    epsilon_inter: float = 0.05
-    epsilon_intra: float = 0.05
+    epsilon_inter: float = 0.045
+    epsilon_intra: float = 0.045
     epsilon_memory: float = 0.1
     seed: int = 0
     max_stages: int = 4

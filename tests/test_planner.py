@@ -11,7 +11,7 @@ import dcp
 from dcp import masks as M
 from dcp.blocks import enumerate_tiles, pair_counts, uniform_layout
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner, Partitioner
-from dcp.plan import CommLaunch, Compute, Reduce
+from dcp.plan import CommLaunch, CommWait, Compute, Reduce
 from _budget import n_examples
 
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
@@ -66,11 +66,9 @@ def test_random_batches_give_valid_balanced_plans(case, two_phase):
     assert (plan.tiles.unmasked > 0).all()
     # every tile's q and kv blocks belong to one sequence
     assert (plan.layout.tb_seq[plan.tiles.q_tb] == plan.layout.tb_seq[plan.tiles.kv_tb]).all()
-    # balance: modelled compute per device within the two levels' caps, unless one tile alone exceeds it
-    cost = cfg.cost_model
-    lay, t = plan.layout, plan.tiles
-    w = cost.tile_forward_s(t.fwd_flops, lay.tb_len[t.q_tb], lay.tb_len[t.kv_tb], t.full) + \
-        cost.tile_backward_s(t.bwd_flops, lay.tb_len[t.q_tb], lay.tb_len[t.kv_tb], t.full)
+    # balance: FLOPs per device within the two levels' caps, unless one tile alone exceeds it
+    t = plan.tiles
+    w = t.fwd_flops + t.bwd_flops
     load = np.bincount(plan.tile_device, weights=w, minlength=cluster.n_devices)
     bound = (1 + cfg.epsilon_inter) * (1 + cfg.epsilon_intra) * load.mean() + 2 * w.max() + 1e-12
     assert load.max() <= bound
@@ -109,11 +107,10 @@ def test_pinned_tiny_plan_with_greedy_partitioner():
     # blocks: seq0 [4, 2], seq1 [2], seq2 [4, 4]
     assert plan.layout.tb_len.tolist() == [4, 2, 2, 4, 4]
     assert plan.home.tolist() == [0, 0, 0, 1, 1]  # sequences stay whole: 8 tokens per device
-    # balance is on modelled time; tiles this small cost mostly the per-tile kernel overhead, so the
-    # balanced split is 3 + 4 tiles rather than equal pair counts
-    assert plan.tile_device.tolist() == [1, 0, 0, 1, 0, 1, 1]
+    # balance is on FLOPs: seq 2 alone holds 36 of the 60 unmasked pairs, so one of its tiles moves
+    assert plan.tile_device.tolist() == [0, 0, 1, 0, 0, 1, 1]
     pairs = np.bincount(plan.tile_device, weights=plan.tiles.unmasked, minlength=2)
-    assert pairs.tolist() == [21, 39]
+    assert pairs.tolist() == [31, 29]
     again = dcp.plan(spec, dcp.Cluster(1, 2), dcp.PlannerConfig(block_size=4, **GREEDY))
     assert again.forward == plan.forward and again.backward == plan.backward
 
@@ -129,7 +126,7 @@ def test_real_partitioners_meet_balance_and_beat_greedy(partitioner):
     stats = dcp.plan(spec, cluster, cfg).stats()
     assert stats.valid
     assert stats.compute_imbalance <= 1.2
-    assert stats.comm_bytes_total < greedy.comm_bytes_total
+    assert stats.comm_bytes_total <= greedy.comm_bytes_total  # each split keeps the better of the two
 
 
 def test_deterministic_preset_is_reproducible():
@@ -285,10 +282,12 @@ def _duplicate_tile(ins):
 
 
 def _compute_before_data(ins):
-    for i, x in enumerate(ins):
-        if isinstance(x, Compute) and x.stage > 0:
-            ins.insert(0, ins.pop(i))
-            return True
+    """Move the last compute stage to the front (the scheduler fills early stages with local tiles, so
+    only the last one surely holds tiles waiting for transfers)."""
+    stages = [i for i, x in enumerate(ins) if isinstance(x, Compute) and x.stage > 0]
+    if len(stages) and any(isinstance(x, CommWait) for x in ins[:stages[-1]]):
+        ins.insert(0, ins.pop(stages[-1]))
+        return True
 
 
 @pytest.mark.parametrize("breaker", [_drop_send, _drop_reduce, _duplicate_tile, _compute_before_data])
