@@ -120,7 +120,9 @@ def _repair(hg: Hypergraph, parts: np.ndarray, k: int, weight: np.ndarray, cap: 
         # cost of moving v from p to q: nets gaining q minus nets losing p, per weight moved
         lens = vptr[cand + 1] - vptr[cand]
         owner = np.repeat(np.arange(cand.size), lens)
-        nets = np.concatenate([vnets[vptr[v]:vptr[v + 1]] for v in cand]) if cand.size else np.zeros(0, int)
+        # the candidates' nets, gathered from the CSR without a Python loop
+        starts = np.repeat(vptr[cand] - (np.cumsum(lens) - lens), lens)
+        nets = vnets[starts + np.arange(int(lens.sum()))]
         leave_gain = np.bincount(owner, weights=net_w[nets] * (counts[nets, p] == 1), minlength=cand.size)
         for q in range(k):
             if q == p:
