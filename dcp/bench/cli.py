@@ -1,6 +1,17 @@
-"""``dcp bench``: the subcommands are registered here (filled in by dcp.bench's modules)."""
+"""``dcp bench``: the simulated cluster-scale benchmarks (CSV first; figures come from ``paper_figs/``).
+
+``dcp bench micro`` (``dcp.bench.micro``), ``dcp bench dryrun`` (``dcp.bench.dryrun``) and
+``dcp bench megatron`` (``dcp.bench.megatron_mock``).
+"""
 
 
 def add_bench_parser(sub) -> None:
-    b = sub.add_parser("bench", help="cluster-scale benchmarks through the simulator (CSV first)")
+    from dcp.bench import dryrun, megatron_mock, micro
+
+    b = sub.add_parser("bench", help="cluster-scale benchmarks through the simulator (CSV first)",
+                       description=__doc__)
     b.set_defaults(func=lambda args: (b.print_help(), 2)[1])
+    bsub = b.add_subparsers(dest="bench_command")
+    micro.add_parser(bsub)
+    dryrun.add_parser(bsub)
+    megatron_mock.add_parser(bsub)

@@ -1,0 +1,257 @@
+"""Shared pieces of the simulated benchmarks: result rows, CSV writing, progress, plan caching.
+
+Every number these benchmarks write is *simulated* (``dcp.sim`` driven by a ``dcp.cost`` profile) except
+planning times, which are measured wall-clock seconds on the machine named in each row. Rows carry
+``simulated=True``, the profile name and ``machine``.
+
+``dcp`` must not import the repository's ``benchmarks`` package (dependencies point one way), so the
+machine description below mirrors ``benchmarks/common.py``'s ``machine()`` (same format).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from dcp.cluster import Cluster
+from dcp.plan import Plan
+from dcp.planner import Planner
+from dcp.search import AutoPlanner
+from dcp.spec import BatchSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+"""Default output folder (``benchmarks/results`` of the repository)."""
+
+BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
+"""Every static baseline; "best baseline" in the summaries means the fastest of these."""
+
+PAPER_BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain")
+"""The baselines of the DCP paper's micro-benchmarks (Megatron dynamic CP postdates the paper)."""
+
+DCP_NAMES = ("dcp", "dcp_auto")
+
+
+def machine() -> str:
+    """A short description of this machine (CPU model, cores, memory); same format as
+    ``benchmarks.common.machine``."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        mem = f", {pages / 2**30:.0f} GiB"
+    except (ValueError, OSError, AttributeError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}"
+
+
+def git_revision() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                                       stderr=subprocess.DEVNULL, text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_csv(path: Path | str, rows: list[dict]) -> Path:
+    """Write ``rows`` (union of their keys, first-seen order) to ``path``; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def read_csv(path: Path | str) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def parse_list(text: str, kind=str) -> tuple:
+    """``"a,b"`` -> ``("a", "b")`` converted by ``kind``."""
+    return tuple(kind(x.strip()) for x in str(text).split(",") if x.strip())
+
+
+def progress(items: Iterable, total: int | None = None, desc: str = "") -> Iterator:
+    """``tqdm`` over ``items`` when it is installed, else one plain line per item on stderr."""
+    items = list(items)
+    total = len(items) if total is None else total
+    try:
+        from tqdm import tqdm  # optional ([bench] extra)
+    except ImportError:
+        tqdm = None
+    if tqdm is not None and sys.stderr.isatty():
+        yield from tqdm(items, total=total, desc=desc, dynamic_ncols=True)
+        return
+    started = time.perf_counter()
+    for i, item in enumerate(items):
+        elapsed = time.perf_counter() - started
+        eta = f"{elapsed / i * (total - i):.0f} s" if i else "?"
+        print(f"[{desc} {i + 1}/{total}] {label_of(item)}  elapsed {elapsed:.0f} s, eta {eta}",
+              file=sys.stderr, flush=True)
+        yield item
+    print(f"[{desc}] done: {total} items in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+
+
+def label_of(item) -> str:
+    if isinstance(item, tuple):
+        return " ".join(str(x) for x in item if not isinstance(x, (BatchSpec, Planner, dict, list)))
+    return str(item)
+
+
+def plan_quietly(planner: Planner, spec: BatchSpec, cluster: Cluster) -> tuple[Plan, list[str]]:
+    """Plan, collecting warnings (e.g. a partitioner fallback) instead of printing them."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = planner.plan(spec, cluster)
+    return plan, sorted({str(w.message) for w in caught})
+
+
+def sim_fields(fwd, bwd) -> dict:
+    """CSV fields of a simulated forward/backward pair (milliseconds)."""
+    return dict(fwd_ms=round(fwd.makespan_s * 1e3, 5), bwd_ms=round(bwd.makespan_s * 1e3, 5),
+                ideal_fwd_ms=round(fwd.ideal_s * 1e3, 5), ideal_bwd_ms=round(bwd.ideal_s * 1e3, 5),
+                fwd_efficiency=round(fwd.efficiency, 4), bwd_efficiency=round(bwd.efficiency, 4))
+
+
+def stat_fields(plan: Plan) -> dict:
+    """CSV fields of ``plan.stats()`` (communication bytes, balance, tiles)."""
+    s = plan.stats()
+    return dict(n_tiles=s.n_tiles, n_token_blocks=s.n_token_blocks, comm_bytes_total=s.comm_bytes_total,
+                comm_bytes_inter_node=s.comm_bytes_inter_node, comm_bytes_forward=s.comm_bytes_forward,
+                comm_bytes_backward=s.comm_bytes_backward, max_device_comm_bytes=s.max_device_comm_bytes,
+                compute_imbalance=round(s.compute_imbalance, 4), memory_imbalance=round(s.memory_imbalance, 4),
+                idle_devices=s.idle_devices, valid=s.valid)
+
+
+class _CachedPlanner(Planner):
+    """Serves a candidate's plan from ``cache`` (keyed by label and the batch object) so that two
+    ``AutoPlanner`` runs on the same batch and profile plan each candidate once. ``saved_s`` adds up the
+    planning time the cache saved, so reported planning times stay end-to-end."""
+
+    def __init__(self, label: str, inner: Planner, cache: dict, ledger: dict):
+        self.label, self.inner, self.cache, self.ledger = label, inner, cache, ledger
+        self.name = inner.name
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        key = (self.label, id(spec), id(cluster))
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.ledger["saved_s"] = self.ledger.get("saved_s", 0.0) + hit.planning_time_s
+            return hit
+        plan = self.inner.plan(spec, cluster)
+        self.cache[key] = plan
+        return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedAutoPlanner(AutoPlanner):
+    """``AutoPlanner`` whose candidate plans come from (and go to) a shared cache.
+
+    Exactly ``AutoPlanner``'s choice (same candidates, same simulation, same rule); only repeated
+    planning of one candidate on one batch is avoided. ``ledger["saved_s"]`` holds the seconds saved.
+    """
+
+    cache: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+    ledger: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def candidates(self):
+        return [(label, _CachedPlanner(label, p, self.cache, self.ledger)) for label, p in super().candidates()]
+
+
+def auto_fields(plan: Plan, saved_s: float) -> dict:
+    """CSV fields of an ``AutoPlanner`` result: chosen candidate, its block size, every candidate's
+    simulated times (JSON), and the end-to-end planning time (wall time + time served from cache)."""
+    chosen = plan.meta["chosen"]
+    cands = {k: (None if v is None else {"fwd_ms": round(v["forward_s"] * 1e3, 5),
+                                         "bwd_ms": round(v["backward_s"] * 1e3, 5)})
+             for k, v in plan.meta["candidates"].items()}
+    block = int(chosen.split("@B", 1)[1]) if chosen.startswith("dcp@B") else ""
+    return dict(chosen=chosen, block_size=block, planning_time_s=round(plan.planning_time_s + saved_s, 4),
+                candidates=json.dumps(cands, sort_keys=True))
+
+
+def mean(xs) -> float:
+    xs = [float(x) for x in xs]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def fmt_table(rows: list[dict], columns: list[str]) -> str:
+    """A plain text table (right-aligned) of ``columns`` of ``rows``."""
+    def f(v):
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return str(v)
+    cells = [columns] + [[f(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = []
+    for j, row in enumerate(cells):
+        lines.append("  ".join(x.rjust(w) for x, w in zip(row, widths)))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+PARTITIONERS = ("deterministic", "default", "kahypar")
+PAPER_EPSILON_INTER = 0.4
+PAPER_EPSILON_INTRA = 0.1
+"""The paper's compute imbalance tolerances (across nodes, inside a node); the benchmarks' defaults.
+``PlannerConfig``'s own defaults are 0.05 / 0.05."""
+
+
+def make_partitioner(name: str):
+    """``deterministic``: Mt-KaHyPar's deterministic preset (same plan for a seed on every run; the
+    benchmarks' default so committed CSVs reproduce); ``default``: Mt-KaHyPar's fast preset (the library
+    default; plans vary run to run); ``kahypar``: KaHyPar single-threaded, as the paper's prototype."""
+    from dcp.partition import KaHyParPartitioner, MtKaHyParPartitioner
+
+    if name == "deterministic":
+        return MtKaHyParPartitioner(preset="deterministic")
+    if name == "default":
+        return MtKaHyParPartitioner()
+    if name == "kahypar":
+        return KaHyParPartitioner()
+    raise ValueError(f"unknown partitioner {name!r}; one of {PARTITIONERS}")
+
+
+def dcp_config(profile: str, block_size: int = 1024, seed: int = 0, partitioner: str = "deterministic",
+               epsilon_inter: float = PAPER_EPSILON_INTER, epsilon_intra: float = PAPER_EPSILON_INTRA):
+    """The ``PlannerConfig`` the benchmarks give dcp (the profile's cost model sets its stage budgets)."""
+    from dcp.config import PlannerConfig
+    from dcp.cost import CostModel
+
+    return PlannerConfig(block_size=block_size, seed=seed, cost_model=CostModel.named(profile),
+                         partitioner=make_partitioner(partitioner), epsilon_inter=epsilon_inter,
+                         epsilon_intra=epsilon_intra)
+
+
+def add_dcp_args(p) -> None:
+    """``--partitioner``, ``--epsilon-inter``, ``--epsilon-intra`` (shared by the bench subcommands)."""
+    p.add_argument("--partitioner", default="deterministic", choices=PARTITIONERS,
+                   help="deterministic (Mt-KaHyPar deterministic preset, reproducible; default), default "
+                        "(Mt-KaHyPar fast preset, varies run to run), kahypar")
+    p.add_argument("--epsilon-inter", type=float, default=PAPER_EPSILON_INTER,
+                   help="dcp's compute imbalance across nodes (paper: 0.4)")
+    p.add_argument("--epsilon-intra", type=float, default=PAPER_EPSILON_INTRA,
+                   help="dcp's compute imbalance inside a node (paper: 0.1)")

@@ -1,0 +1,161 @@
+"""``dcp bench megatron``: Megatron-Core Dynamic CP's own mock workload, attention only, simulated.
+
+Workload (../shared/REFERENCE.md, "Megatron-Core Dynamic CP"): lengths from ``megatron_mock`` (log-normal,
+untruncated mean 1024, sigma 1.5, clipped to [128, 8192]); 2,048 tokens per rank, so a batch holds
+``2048 x n_gpus`` tokens (packed as in the paper, >= 75% full); clusters 1x4, 1x8, 2x8, 4x8, 8x8. The
+mock's model is a GPT with 12 layers, hidden 2048 and 16 heads; **we compare the attention part only**
+(16 query heads, 16 KV heads, head dim 128, bf16, causal), forward + backward of one layer as simulated by
+``dcp.sim`` — not the whole model, and not Megatron's measured TFLOPS.
+
+Planners: ``megatron_dyncp`` (power-of-two CP groups per sequence, ``max_seqlen_per_rank`` = 2048,
+greedy packing); ``dcp`` (``AutoPlanner`` at its best block size among 256/512/1024 — the sequences are
+short, so the micro grid's 1024-4096 would leave most devices with one or two blocks); ``dcp_auto``
+(the same plus zigzag and megatron_dyncp as candidates). CSV: ``megatron_mock.csv`` (one row per plan)
+and ``megatron_mock_summary.csv`` (per cluster and profile: mean times and megatron_dyncp / dcp ratios).
+The target set for dcp is >= 1.2x megatron_dyncp on forward + backward. dcp uses the paper's imbalance
+tolerances (0.4 across nodes, 0.1 inside) and Mt-KaHyPar's deterministic preset, as in ``dcp bench micro``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from dcp.bench.common import (PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA, RESULTS, CachedAutoPlanner, add_dcp_args,
+                              auto_fields, dcp_config, fmt_table, git_revision, machine, mean,
+                              parse_list, plan_quietly, progress, sim_fields, stat_fields, write_csv)
+from dcp.cluster import Cluster
+
+CLUSTERS = ((1, 4), (1, 8), (2, 8), (4, 8), (8, 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class MegatronMockConfig:
+    clusters: tuple[tuple[int, int], ...] = CLUSTERS
+    tokens_per_rank: int = 2048
+    batches: int = 3
+    profiles: tuple[str, ...] = ("a100", "h100")
+    heads: int = 16
+    kv_heads: int = 16
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    block_sizes: tuple[int, ...] = (256, 512, 1024)
+    seed: int = 0
+    partitioner: str = "deterministic"
+    epsilon_inter: float = PAPER_EPSILON_INTER
+    epsilon_intra: float = PAPER_EPSILON_INTRA
+
+
+def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
+    from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.cost import CostModel
+    from dcp.data import make_batches
+    from dcp.masks import CausalMask
+    from dcp.sim import ideal_time_s, simulate_both
+    from dcp.spec import BatchSpec
+
+    mach, rev = machine(), git_revision()
+    rows = []
+    work = [(n, g, b) for n, g in cfg.clusters for b in range(cfg.batches)]
+    batches = {(n, g): make_batches("megatron_mock", 1.0, tokens_per_batch=cfg.tokens_per_rank * n * g,
+                                    num_batches=cfg.batches, seed=cfg.seed) for n, g in cfg.clusters}
+    for nodes, gpn, bi in progress(work, desc="megatron-mock"):
+        cluster = Cluster(nodes, gpn)
+        lens = batches[(nodes, gpn)][bi]
+        spec = BatchSpec(lens, CausalMask(), cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype)
+        cell = dict(workload="megatron_mock", nodes=nodes, gpus_per_node=gpn, n_gpus=nodes * gpn, batch=bi,
+                    num_seqs=spec.num_seqs, tokens=spec.total_tokens, max_seqlen=int(max(lens)),
+                    heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, mask="causal",
+                    dcp_partitioner=cfg.partitioner, dcp_epsilon_inter=cfg.epsilon_inter,
+                    dcp_epsilon_intra=cfg.epsilon_intra)
+        mega = MegatronDynCPPlanner(max_seqlen_per_rank=cfg.tokens_per_rank)
+        base = {"megatron_dyncp": plan_quietly(mega, spec, cluster), "zigzag": plan_quietly(ZigzagPlanner(), spec, cluster)}
+        for profile in cfg.profiles:
+            cost = CostModel.named(profile)
+            common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+            plan, warns = base["megatron_dyncp"]
+            fwd, bwd = simulate_both(plan, cost, record_events=False)
+            rows.append(dict(cell, planner="megatron_dyncp", chosen="megatron_dyncp", block_size="",
+                             planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
+                             **stat_fields(plan), candidates="", warnings=len(warns), **common))
+            cache = {(k, id(spec), id(cluster)): v[0] for k, v in base.items()}
+            for name, bases in (("dcp", ()), ("dcp_auto", (ZigzagPlanner(), mega))):
+                auto = CachedAutoPlanner(dcp_config(profile, cfg.block_sizes[0], cfg.seed, cfg.partitioner,
+                                                    cfg.epsilon_inter, cfg.epsilon_intra), block_sizes=cfg.block_sizes,
+                                         baselines=bases, cache=cache, ledger={})
+                plan, warns = plan_quietly(auto, spec, cluster)
+                cand = plan.meta["candidates"][plan.meta["chosen"]]
+                fwd_ms, bwd_ms = cand["forward_s"] * 1e3, cand["backward_s"] * 1e3
+                ideal_f, ideal_b = (ideal_time_s(plan, cost, d) * 1e3 for d in ("forward", "backward"))
+                f = auto_fields(plan, auto.ledger.get("saved_s", 0.0))
+                rows.append(dict(cell, planner=name, chosen=f["chosen"], block_size=f["block_size"],
+                                 planning_time_s=f["planning_time_s"], fwd_ms=round(fwd_ms, 5), bwd_ms=round(bwd_ms, 5),
+                                 ideal_fwd_ms=round(ideal_f, 5), ideal_bwd_ms=round(ideal_b, 5),
+                                 fwd_efficiency=round(ideal_f / fwd_ms, 4), bwd_efficiency=round(ideal_b / bwd_ms, 4),
+                                 **stat_fields(plan), candidates=f["candidates"], warnings=len(warns), **common))
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (cluster, profile): mean fwd / bwd / fwd+bwd ms per planner over batches and the ratios
+    megatron_dyncp / dcp and megatron_dyncp / dcp_auto (> 1: dcp faster)."""
+    out = []
+    keys = list(dict.fromkeys((int(r["nodes"]), int(r["gpus_per_node"]), r["profile"]) for r in rows))
+    for nodes, gpn, prof in keys:
+        sel = [r for r in rows if (int(r["nodes"]), int(r["gpus_per_node"]), r["profile"]) == (nodes, gpn, prof)]
+        row = dict(workload="megatron_mock", nodes=nodes, gpus_per_node=gpn, n_gpus=nodes * gpn, profile=prof,
+                   simulated=True, batches=len({r["batch"] for r in sel}),
+                   mean_num_seqs=round(mean(r["num_seqs"] for r in sel if r["planner"] == "megatron_dyncp"), 1))
+        t = {}
+        for p in ("megatron_dyncp", "dcp", "dcp_auto"):
+            ps = [r for r in sel if r["planner"] == p]
+            if not ps:
+                continue
+            t[p] = (mean(r["fwd_ms"] for r in ps), mean(r["bwd_ms"] for r in ps))
+            row[f"{p}_fwd_ms"], row[f"{p}_bwd_ms"] = round(t[p][0], 4), round(t[p][1], 4)
+            row[f"{p}_iter_ms"] = round(sum(t[p]), 4)
+            row[f"{p}_inter_node_MB"] = round(mean(r["comm_bytes_inter_node"] for r in ps) / 1e6, 3)
+        for p in ("dcp", "dcp_auto"):
+            if p in t and "megatron_dyncp" in t:
+                m = t["megatron_dyncp"]
+                row[f"{p}_speedup_fwd"] = round(m[0] / t[p][0], 3)
+                row[f"{p}_speedup_bwd"] = round(m[1] / t[p][1], 3)
+                row[f"{p}_speedup_iter"] = round(sum(m) / sum(t[p]), 3)
+                row[f"{p}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == p)
+        row["machine"] = sel[0]["machine"]
+        out.append(row)
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("megatron", help="Megatron-Core dynamic CP's mock workload, attention only (simulated)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clusters", default=",".join(f"{n}x{g}" for n, g in CLUSTERS), help="NODESxGPUS, ...")
+    p.add_argument("--tokens-per-rank", type=int, default=2048)
+    p.add_argument("--batches", type=int, default=3)
+    p.add_argument("--profiles", default="a100,h100")
+    p.add_argument("--block-sizes", default="256,512,1024")
+    p.add_argument("--seed", type=int, default=0)
+    add_dcp_args(p)
+    p.add_argument("--out-dir", default=str(RESULTS))
+    p.set_defaults(func=cmd_megatron)
+
+
+def cmd_megatron(args) -> int:
+    clusters = tuple(tuple(int(x) for x in c.lower().split("x")) for c in parse_list(args.clusters))
+    cfg = MegatronMockConfig(clusters=clusters, tokens_per_rank=args.tokens_per_rank, batches=args.batches,
+                             profiles=parse_list(args.profiles), block_sizes=parse_list(args.block_sizes, int),
+                             seed=args.seed, partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
+                             epsilon_intra=args.epsilon_intra)
+    started = time.perf_counter()
+    rows = run_megatron_mock(cfg)
+    summary = summarize(rows)
+    for path in (write_csv(Path(args.out_dir) / "megatron_mock.csv", rows),
+                 write_csv(Path(args.out_dir) / "megatron_mock_summary.csv", summary)):
+        print(f"wrote {path}")
+    print("\nSIMULATED attention (fwd+bwd of one layer): megatron_dyncp time / dcp time (> 1: dcp faster)")
+    print(fmt_table(summary, ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
+                              "dcp_auto_iter_ms", "dcp_auto_speedup_iter", "dcp_chosen"]))
+    print(f"\nmegatron mock: {time.perf_counter() - started:.0f} s on {machine()}")
+    return 0

@@ -1,0 +1,257 @@
+"""``dcp bench micro``: the DCP paper's attention micro-benchmark grid, through the simulator.
+
+Grid (paper section "micro-benchmarks", ../shared/REFERENCE.md): lengths {longalign, ldc} (synthetic
+stand-ins, ``dcp.data.lengths``) x scale {0.5, 1, 2, 4} x masks {causal, lambda, shared_question,
+causal_blockwise} x planners on 4 nodes x 8 GPUs, 131,072-token batches, 8 query / 2 KV heads, head dim
+128, bf16, several batches per cell. Planners:
+
+dcp's configuration (both dcp planners): the paper's imbalance tolerances (epsilon_inter 0.4, epsilon_intra
+0.1; ``PlannerConfig`` defaults to 0.05 / 0.05) and Mt-KaHyPar's deterministic preset, so that a rerun
+reproduces the CSVs (``--partitioner default`` is the library's faster preset, whose plans vary run to run).
+
+- ``dcp``: ``AutoPlanner`` without baselines, i.e. dcp at its best block size among 1024/2048/4096 by
+  simulated forward+backward time (the paper reports dcp at its best B); the chosen B is recorded.
+- ``dcp_auto``: ``AutoPlanner`` with ``baselines=(ZigzagPlanner(), MegatronDynCPPlanner())``: the same
+  dcp candidates plus two static plans, so it falls back to a static plan when that simulates faster.
+- the static baselines ring, zigzag, te_a2a_p2p, loongtrain (default degrees), megatron_dyncp.
+
+Per (cell, batch, planner, profile) one CSV row: simulated forward/backward ms, ideal ms, communication
+bytes (total, inter-node), compute/memory imbalance, planning time (measured wall-clock on this machine,
+end to end: spec -> validated plans; for dcp/dcp_auto all candidates plus their simulations), chosen
+candidate. Baseline plans do not depend on the profile and are planned once per batch; dcp plans are
+made per profile (the cost model sets the stage budgets). ``AutoPlanner`` runs get their candidate plans
+from a per-batch cache (``CachedAutoPlanner``), so dcp and dcp_auto share planning work; the planning
+time they report still counts the cached candidates' own planning time.
+
+Outputs (``--out-dir``, default benchmarks/results): ``micro_<profile>.csv`` (one row per plan) and
+``micro_<profile>_summary.csv`` (one row per cell: mean times over batches per planner, best baseline,
+speedups of dcp and dcp_auto over it, forward and backward separately, as the paper reports).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from dcp.bench.common import (BASELINE_NAMES, PAPER_BASELINE_NAMES, PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA,
+                              RESULTS, CachedAutoPlanner, add_dcp_args, auto_fields, dcp_config, fmt_table,
+                              git_revision, machine, mean, parse_list, plan_quietly, progress,
+                              sim_fields, stat_fields, write_csv)
+from dcp.cluster import Cluster
+
+DATASETS = ("longalign", "ldc")
+SCALES = (0.5, 1.0, 2.0, 4.0)
+MASK_NAMES = ("causal", "lambda", "shared_question", "causal_blockwise")
+PLANNER_NAMES = ("dcp", "dcp_auto", *BASELINE_NAMES)
+QUICK = dict(scales=(1.0, 4.0), masks=("causal", "lambda"), batches=1, profiles=("a100",))
+
+
+def make_mask(name: str):
+    """The paper's masks: causal; lambda (64 sink tokens + window 4096); shared-question (20% question,
+    4 answers); causal-blockwise (256-token blocks seeing the first block and 2 previous blocks)."""
+    from dcp.masks import CausalBlockwiseMask, CausalMask, LambdaMask, SharedQuestionMask
+
+    return {"causal": CausalMask, "lambda": lambda: LambdaMask(sink=64, window=4096),
+            "shared_question": lambda: SharedQuestionMask(0.2, 4),
+            "causal_blockwise": lambda: CausalBlockwiseMask(256, 2)}[name]()
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroConfig:
+    datasets: tuple[str, ...] = DATASETS
+    scales: tuple[float, ...] = SCALES
+    masks: tuple[str, ...] = MASK_NAMES
+    planners: tuple[str, ...] = PLANNER_NAMES
+    profiles: tuple[str, ...] = ("a100", "h100")
+    batches: int = 3
+    nodes: int = 4
+    gpus_per_node: int = 8
+    tokens: int = 131072
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+    block_sizes: tuple[int, ...] = (1024, 2048, 4096)
+    seed: int = 0
+    partitioner: str = "deterministic"
+    epsilon_inter: float = PAPER_EPSILON_INTER
+    epsilon_intra: float = PAPER_EPSILON_INTRA
+
+    def __post_init__(self):
+        bad = [p for p in self.planners if p not in PLANNER_NAMES]
+        if bad:
+            raise ValueError(f"unknown planners {bad}; choose from {PLANNER_NAMES}")
+        bad = [m for m in self.masks if m not in MASK_NAMES]
+        if bad:
+            raise ValueError(f"unknown masks {bad}; choose from {MASK_NAMES}")
+
+
+def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
+    """Run the grid; returns ``{profile: rows}`` (one row per cell, batch and planner)."""
+    from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.cost import CostModel
+    from dcp.data import make_batches
+    from dcp.sim import ideal_time_s, simulate_both
+    from dcp.spec import BatchSpec
+
+    cluster = Cluster(cfg.nodes, cfg.gpus_per_node)
+    mach, rev = machine(), git_revision()
+    rows: dict[str, list[dict]] = {p: [] for p in cfg.profiles}
+    batches = {(d, s): make_batches(d, s, tokens_per_batch=cfg.tokens, num_batches=cfg.batches, seed=cfg.seed)
+               for d in cfg.datasets for s in cfg.scales}
+    work = [(d, s, m, b) for d in cfg.datasets for s in cfg.scales for m in cfg.masks for b in range(cfg.batches)]
+    base_names = [p for p in cfg.planners if p in BASELINE_NAMES]
+    want_auto = "dcp_auto" in cfg.planners
+    auto_bases = ("zigzag", "megatron_dyncp")
+    plan_bases = list(dict.fromkeys(base_names + (list(auto_bases) if want_auto else [])))
+    for dataset, scale, mask_name, bi in progress(work, desc="micro"):
+        lens = batches[(dataset, scale)][bi]
+        spec = BatchSpec(lens, make_mask(mask_name), cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype)
+        cell = dict(dataset=dataset, scale=scale, mask=mask_name, batch=bi, num_seqs=spec.num_seqs,
+                    tokens=spec.total_tokens, max_seqlen=int(max(lens)), nodes=cfg.nodes,
+                    gpus_per_node=cfg.gpus_per_node, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                    dcp_partitioner=cfg.partitioner, dcp_epsilon_inter=cfg.epsilon_inter,
+                    dcp_epsilon_intra=cfg.epsilon_intra)
+        base_plans = {}
+        for name in plan_bases:  # profile-independent: plan once per batch
+            base_plans[name] = plan_quietly(BASELINES[name](), spec, cluster)
+        for profile in cfg.profiles:
+            cost = CostModel.named(profile)
+            common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+            for name in base_names:
+                plan, warns = base_plans[name]
+                fwd, bwd = simulate_both(plan, cost, record_events=False)
+                rows[profile].append(dict(cell, planner=name, chosen=name, block_size="",
+                                          planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
+                                          **stat_fields(plan), candidates="", warnings=len(warns), **common))
+            cache: dict = {}
+            for name in auto_bases if want_auto else ():
+                cache[(name, id(spec), id(cluster))] = base_plans[name][0]
+            for name in ("dcp", "dcp_auto"):
+                if name not in cfg.planners:
+                    continue
+                bases = (ZigzagPlanner(), MegatronDynCPPlanner()) if name == "dcp_auto" else ()
+                auto = CachedAutoPlanner(dcp_config(profile, cfg.block_sizes[0], cfg.seed, cfg.partitioner,
+                                                    cfg.epsilon_inter, cfg.epsilon_intra), block_sizes=tuple(cfg.block_sizes),
+                                         baselines=bases, cache=cache, ledger={})
+                plan, warns = plan_quietly(auto, spec, cluster)
+                cand = plan.meta["candidates"][plan.meta["chosen"]]
+                fwd_ms, bwd_ms = cand["forward_s"] * 1e3, cand["backward_s"] * 1e3
+                ideal_f = ideal_time_s(plan, cost, "forward") * 1e3
+                ideal_b = ideal_time_s(plan, cost, "backward") * 1e3
+                sim = dict(fwd_ms=round(fwd_ms, 5), bwd_ms=round(bwd_ms, 5), ideal_fwd_ms=round(ideal_f, 5),
+                           ideal_bwd_ms=round(ideal_b, 5), fwd_efficiency=round(ideal_f / fwd_ms, 4),
+                           bwd_efficiency=round(ideal_b / bwd_ms, 4))
+                fields = auto_fields(plan, auto.ledger.get("saved_s", 0.0))
+                rows[profile].append(dict(cell, planner=name, chosen=fields["chosen"], block_size=fields["block_size"],
+                                          planning_time_s=fields["planning_time_s"], **sim, **stat_fields(plan),
+                                          candidates=fields["candidates"], warnings=len(warns), **common))
+    return rows
+
+
+def summarize(rows: list[dict], planners=PLANNER_NAMES) -> list[dict]:
+    """One row per (dataset, scale, mask, profile): mean forward/backward ms per planner over batches, the
+    best baseline (fastest mean, separately forward and backward) and the speedups of dcp and dcp_auto
+    over it; also over the paper's baselines only (without megatron_dyncp) and over te_a2a_p2p (the
+    paper's sparse-mask comparison)."""
+    out = []
+    keys = list(dict.fromkeys((r["dataset"], float(r["scale"]), r["mask"], r["profile"]) for r in rows))
+    for ds, sc, mk, prof in keys:
+        sel = [r for r in rows if (r["dataset"], float(r["scale"]), r["mask"], r["profile"]) == (ds, sc, mk, prof)]
+        names = [p for p in planners if any(r["planner"] == p for r in sel)]
+        t = {(p, d): mean(r[f"{d}_ms"] for r in sel if r["planner"] == p) for p in names for d in ("fwd", "bwd")}
+        row = dict(dataset=ds, scale=sc, mask=mk, profile=prof, simulated=True,
+                   batches=len({r["batch"] for r in sel}),
+                   mean_num_seqs=round(mean(r["num_seqs"] for r in sel if r["planner"] == names[0]), 2))
+        for d in ("fwd", "bwd"):
+            bases = [p for p in names if p in BASELINE_NAMES]
+            paper = [p for p in names if p in PAPER_BASELINE_NAMES]
+            best = min(bases, key=lambda p: t[(p, d)]) if bases else None
+            best_paper = min(paper, key=lambda p: t[(p, d)]) if paper else None
+            row[f"best_baseline_{d}"] = best or ""
+            row[f"best_baseline_{d}_ms"] = round(t[(best, d)], 4) if best else ""
+            for who in ("dcp", "dcp_auto"):
+                if who not in names:
+                    continue
+                mine = t[(who, d)]
+                row[f"{who}_{d}_ms"] = round(mine, 4)
+                row[f"{who}_{d}_speedup"] = round(t[(best, d)] / mine, 3) if best else ""
+                row[f"{who}_{d}_speedup_vs_paper_baselines"] = round(t[(best_paper, d)] / mine, 3) if best_paper else ""
+                if "te_a2a_p2p" in names:
+                    row[f"{who}_{d}_speedup_vs_te"] = round(t[("te_a2a_p2p", d)] / mine, 3)
+        for who in ("dcp", "dcp_auto"):
+            if who in names:
+                row[f"{who}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == who)
+        for p in names:
+            row[f"{p}_fwd_ms"] = round(t[(p, "fwd")], 4)
+            row[f"{p}_bwd_ms"] = round(t[(p, "bwd")], 4)
+            row[f"{p}_inter_node_MB"] = round(mean(r["comm_bytes_inter_node"] for r in sel if r["planner"] == p) / 1e6, 3)
+            row[f"{p}_planning_s"] = round(mean(r["planning_time_s"] for r in sel if r["planner"] == p), 3)
+        row["machine"] = sel[0]["machine"]
+        out.append(row)
+    return out
+
+
+HEADLINE = ["dataset", "scale", "mask", "best_baseline_fwd", "dcp_fwd_speedup", "dcp_auto_fwd_speedup",
+            "best_baseline_bwd", "dcp_bwd_speedup", "dcp_auto_bwd_speedup", "dcp_chosen"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("micro", help="the paper's attention micro-benchmark grid (simulated)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="scales 1,4; masks causal,lambda; 1 batch; profile a100 (a few minutes on 2 cores)")
+    p.add_argument("--datasets", default=",".join(DATASETS))
+    p.add_argument("--scales", default=",".join(f"{s:g}" for s in SCALES))
+    p.add_argument("--masks", default=",".join(MASK_NAMES))
+    p.add_argument("--planners", default=",".join(PLANNER_NAMES))
+    p.add_argument("--profiles", default="a100,h100", help="cost-model profiles, comma-separated")
+    p.add_argument("--batches", type=int, default=3, help="batches per cell")
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=131072, help="tokens per batch")
+    p.add_argument("--block-sizes", default="1024,2048,4096", help="dcp's candidate block sizes")
+    p.add_argument("--seed", type=int, default=0)
+    add_dcp_args(p)
+    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--tag", default=None,
+                   help="suffix of the CSV names: micro_<profile><tag>.csv (default: '_quick' with --quick, else '')")
+    p.set_defaults(func=cmd_micro)
+
+
+def config_from_args(args) -> MicroConfig:
+    kw = dict(datasets=parse_list(args.datasets), scales=parse_list(args.scales, float),
+              masks=parse_list(args.masks), planners=parse_list(args.planners),
+              profiles=parse_list(args.profiles), batches=args.batches, nodes=args.nodes,
+              gpus_per_node=args.gpus_per_node, tokens=args.tokens, block_sizes=parse_list(args.block_sizes, int),
+              seed=args.seed, partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
+              epsilon_intra=args.epsilon_intra)
+    if args.quick:
+        kw.update(QUICK)
+    return MicroConfig(**kw)
+
+
+def write_results(rows_by_profile: dict[str, list[dict]], out_dir, tag: str = "") -> list[Path]:
+    written = []
+    for profile, rows in rows_by_profile.items():
+        if not rows:
+            continue
+        written.append(write_csv(Path(out_dir) / f"micro_{profile}{tag}.csv", rows))
+        written.append(write_csv(Path(out_dir) / f"micro_{profile}{tag}_summary.csv", summarize(rows)))
+    return written
+
+
+def cmd_micro(args) -> int:
+    cfg = config_from_args(args)
+    started = time.perf_counter()
+    rows = run_micro(cfg)
+    tag = args.tag if args.tag is not None else ("_quick" if args.quick else "")
+    for path in write_results(rows, args.out_dir, tag):
+        print(f"wrote {path}")
+    for profile, prow in rows.items():
+        summary = summarize(prow)
+        print(f"\nSIMULATED ({profile} profile): speedup over the best baseline (mean over {cfg.batches} batches)")
+        print(fmt_table(summary, [c for c in HEADLINE if c in summary[0]]))
+    print(f"\nmicro grid: {time.perf_counter() - started:.0f} s on {machine()}")
+    return 0

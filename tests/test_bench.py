@@ -1,0 +1,114 @@
+"""The simulated benchmark machinery on tiny configurations: CSV columns, dcp_auto's choice, figure scripts.
+
+Tiny: 2 x 2 devices (1 x 2 for the megatron mock), one short batch, one mask, one scale; the whole
+module runs in well under a minute on 2 cores.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcp.bench import dryrun, megatron_mock, micro
+from dcp.bench.common import BASELINE_NAMES, read_csv
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+
+ROW_COLUMNS = {"dataset", "scale", "mask", "batch", "num_seqs", "tokens", "planner", "chosen", "block_size",
+               "planning_time_s", "fwd_ms", "bwd_ms", "ideal_fwd_ms", "ideal_bwd_ms", "comm_bytes_total",
+               "comm_bytes_inter_node", "compute_imbalance", "memory_imbalance", "candidates", "simulated",
+               "profile", "machine"}
+SUMMARY_COLUMNS = {"dataset", "scale", "mask", "profile", "best_baseline_fwd", "best_baseline_bwd",
+                   "dcp_fwd_speedup", "dcp_bwd_speedup", "dcp_auto_fwd_speedup", "dcp_auto_bwd_speedup",
+                   "dcp_chosen", "dcp_fwd_ms", "ring_fwd_ms", "megatron_dyncp_bwd_ms"}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    cfg = micro.MicroConfig(datasets=("ldc",), scales=(1.0,), masks=("causal",), profiles=("a100",), batches=1,
+                            nodes=2, gpus_per_node=2, tokens=8192, block_sizes=(256, 512))
+    rows = micro.run_micro(cfg)
+    micro.write_results(rows, out)
+    dcfg = dryrun.DryrunConfig(datasets=("ldc",), batches=1, nodes=2, gpus_per_node=2, tokens=8192,
+                               block_sizes=(256, 512), masks=("causal",), windows=(256, 8192),
+                               epsilons=(0.05, 0.4), sweep_block_size=256)
+    dryrun.write_results(dryrun.run_dryrun(dcfg), out)
+    mcfg = megatron_mock.MegatronMockConfig(clusters=((1, 2),), tokens_per_rank=2048, batches=1,
+                                            profiles=("a100",), block_sizes=(256, 512))
+    mrows = megatron_mock.run_megatron_mock(mcfg)
+    from dcp.bench.common import write_csv
+
+    write_csv(out / "megatron_mock.csv", mrows)
+    write_csv(out / "megatron_mock_summary.csv", megatron_mock.summarize(mrows))
+    return out
+
+
+def test_micro_csv_columns(results):
+    rows = read_csv(results / "micro_a100.csv")
+    assert ROW_COLUMNS <= set(rows[0])
+    assert {r["planner"] for r in rows} == set(micro.PLANNER_NAMES)
+    assert all(r["simulated"] == "True" and r["profile"] == "a100" and r["machine"] for r in rows)
+    assert all(float(r["fwd_ms"]) >= float(r["ideal_fwd_ms"]) * (1 - 1e-9) for r in rows)
+    summary = read_csv(results / "micro_a100_summary.csv")
+    assert len(summary) == 1 and SUMMARY_COLUMNS <= set(summary[0])
+    assert summary[0]["best_baseline_fwd"] in BASELINE_NAMES
+    dcp_row = next(r for r in rows if r["planner"] == "dcp")
+    assert dcp_row["chosen"] in ("dcp@B256", "dcp@B512") and int(dcp_row["block_size"]) in (256, 512)
+
+
+def test_dcp_auto_never_slower_than_its_candidates(results):
+    rows = read_csv(results / "micro_a100.csv") + read_csv(results / "megatron_mock.csv")
+    autos = [r for r in rows if r["planner"] in ("dcp", "dcp_auto")]
+    assert autos
+    for r in autos:
+        cands = {k: v for k, v in json.loads(r["candidates"]).items() if v is not None}
+        mine = float(r["fwd_ms"]) + float(r["bwd_ms"])
+        assert mine <= min(v["fwd_ms"] + v["bwd_ms"] for v in cands.values()) + 1e-6
+        assert r["chosen"] in cands
+        if r["planner"] == "dcp_auto":
+            assert {"zigzag", "megatron_dyncp"} <= set(cands)
+    # dcp_auto considers dcp's candidates too, so it is never slower than dcp in total
+    for r in (x for x in autos if x["planner"] == "dcp_auto"):
+        d = next(x for x in autos if x["planner"] == "dcp" and x["batch"] == r["batch"]
+                 and x.get("profile") == r.get("profile") and x.get("nodes") == r.get("nodes"))
+        assert float(r["fwd_ms"]) + float(r["bwd_ms"]) <= float(d["fwd_ms"]) + float(d["bwd_ms"]) + 1e-6
+
+
+def test_dryrun_and_megatron_csvs(results):
+    for sweep in dryrun.SWEEPS:
+        rows = read_csv(results / f"dryrun_{sweep}.csv")
+        assert rows and {"comm_bytes_total", "planning_time_s", "sim_iter_ms", "simulated", "profile",
+                         "unmasked_frac_vs_causal", "machine"} <= set(rows[0])
+    fracs = [float(r["unmasked_frac_vs_causal"]) for r in read_csv(results / "dryrun_sparsity.csv")]
+    assert 0 < min(fracs) < max(fracs) <= 1.0 + 1e-9
+    eps = {float(r["epsilon_inter"]) for r in read_csv(results / "dryrun_epsilon.csv")}
+    assert eps == {0.05, 0.4}
+    summary = read_csv(results / "megatron_mock_summary.csv")
+    assert summary and {"dcp_speedup_iter", "dcp_auto_speedup_iter", "megatron_dyncp_iter_ms"} <= set(summary[0])
+
+
+def test_table_and_figure_scripts(results, tmp_path):
+    cmd = [sys.executable, str(ROOT / "paper_figs" / "make_tables.py"), "--results-dir", str(results),
+           "--out", str(tmp_path / "speedups.md"), "--profiles", "a100"]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    text = (tmp_path / "speedups.md").read_text()
+    assert "ldc" in text and "SIMULATED" in text and "2.12 / 1.95" in text  # paper's LDC x1 causal numbers
+    if not HAS_MPL:
+        pytest.skip("matplotlib not installed: PNG part skipped")
+    cmd = [sys.executable, str(ROOT / "paper_figs" / "make_all.py"), "--results-dir", str(results),
+           "--out-dir", str(tmp_path), "--profiles", "a100"]
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+    pngs = {p.name for p in tmp_path.glob("*.png")}
+    assert {"micro_causal_ldc_a100.png", "dryrun_comm_vs_block.png", "dryrun_planning_vs_block.png",
+            "dryrun_comm_vs_sparsity.png", "dryrun_comm_vs_epsilon.png", "megatron_mock.png"} <= pngs
+
+
+def test_cli_registers_bench_subcommands():
+    out = subprocess.run([sys.executable, "-m", "dcp.cli", "bench", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0 and all(w in out.stdout for w in ("micro", "dryrun", "megatron"))
