@@ -19,7 +19,6 @@ import argparse
 import csv
 import math
 import os
-import platform
 import sys
 import time
 
@@ -47,16 +46,10 @@ def _time(fn, repeat: int) -> tuple[float, float]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu} x{os.cpu_count()} ({torch.get_num_threads()} threads)"
+    """The machine (``dcp.bench.common.machine``) and the torch thread count of this run."""
+    from dcp.bench.common import machine as describe
+
+    return f"{describe()} ({torch.get_num_threads()} threads)"
 
 
 def run(args) -> list[dict]:
