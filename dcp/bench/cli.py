@@ -1,12 +1,12 @@
 """``dcp bench``: the simulated cluster-scale benchmarks (CSV first; figures come from ``paper_figs/``).
 
-``dcp bench micro`` (``dcp.bench.micro``), ``dcp bench dryrun`` (``dcp.bench.dryrun``) and
-``dcp bench megatron`` (``dcp.bench.megatron_mock``).
+``dcp bench micro`` (``dcp.bench.micro``), ``dcp bench dryrun`` (``dcp.bench.dryrun``),
+``dcp bench megatron`` (``dcp.bench.megatron_mock``) and ``dcp bench e2e`` (``dcp.bench.e2e``).
 """
 
 
 def add_bench_parser(sub) -> None:
-    from dcp.bench import dryrun, megatron_mock, micro
+    from dcp.bench import dryrun, e2e, megatron_mock, micro
 
     b = sub.add_parser("bench", help="cluster-scale benchmarks through the simulator (CSV first)",
                        description=__doc__)
@@ -15,3 +15,4 @@ def add_bench_parser(sub) -> None:
     micro.add_parser(bsub)
     dryrun.add_parser(bsub)
     megatron_mock.add_parser(bsub)
+    e2e.add_parser(bsub)
