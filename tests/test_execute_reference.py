@@ -195,6 +195,33 @@ def test_fp32_and_explicit_backends():
     assert max_err(o, o_ref) < 1e-5
 
 
+@pytest.mark.parametrize("cluster", [(1, 1), (1, 4)], ids=lambda c: f"{c[0]}x{c[1]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_inputs_untouched_outputs_fresh_and_runs_repeat(cluster, dtype):
+    """The executor reads its inputs in place (no copies on one device), so it must never write them, hand
+    back views of them, or carry buffers from one run into the next."""
+    rng = np.random.default_rng(4)
+    seqlens = [21, 14, 9]
+    masks = [mask_for(f, n, rng) for f, n in zip(("causal", "lambda", "full"), seqlens)]
+    for hbs in (None, 2):
+        plan = build(seqlens, masks, 4, 2, 8, cluster, 3, hbs, dtype=str(dtype).replace("torch.", ""))
+        (q, k, v, do), *_ = truth(plan, 0)
+        q, k, v, do = (x.to(dtype) for x in (q, k, v, do))
+        before = [x.clone() for x in (q, k, v, do)]
+        o, lse = EXECUTOR.run_forward(plan, q, k, v)
+        grads = EXECUTOR.run_backward(plan, q, k, v, o, lse, do)
+        assert all(torch.equal(a, b) for a, b in zip((q, k, v, do), before))
+        ptrs = {x.untyped_storage().data_ptr() for x in (q, k, v, do)}
+        assert not ptrs & {x.untyped_storage().data_ptr() for x in (o, lse, *grads)}
+        o_saved, lse_saved, g_saved = o.clone(), lse.clone(), [g.clone() for g in grads]
+        for x in (o, lse, *grads):
+            x.fill_(7.0)  # the caller owns the results: nothing of a later run may alias them
+        o2, lse2 = EXECUTOR.run_forward(plan, q, k, v)
+        grads2 = EXECUTOR.run_backward(plan, q, k, v, o_saved, lse_saved, do)
+        assert torch.equal(o2, o_saved) and torch.equal(lse2, lse_saved)
+        assert all(torch.equal(a, b) for a, b in zip(grads2, g_saved))
+
+
 def test_rows_without_keys():
     """Queries that attend to nothing get o = 0, lse = -inf and zero gradient."""
     rng = np.random.default_rng(11)

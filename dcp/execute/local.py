@@ -11,18 +11,24 @@ Everything a device sends to one peer in one round is packed into ONE contiguous
 in sorted order, each of its tensors padded to 8 bytes so that the receiver can view them back in place),
 so a round is one grouped operation with at most one message per peer and direction.
 
-Data held by a device:
+Data held by a device (layout derived once per plan, direction and device: ``dcp.execute.buffers``):
 - home rows: q/k/v (forward), plus dO, lse, delta (backward), local layout = home token blocks stacked in
-  block-id order (``plan.local_token_index(d)``);
-- received inputs per unit (Q, KV, QG), possibly relayed onwards later;
-- one accumulator per partial output unit: O = (o, lse) merged by log-sum-exp, DQ = dq, DKV = (dk, dv)
-  summed; accumulators are fp32 (fp64 for fp64 runs);
+  block-id order (``plan.local_token_index(d)``): the caller's tensors, read in place and never written;
+- per side (q side: Q / QG, kv side: KV) one buffer with a slot per received token block at a fixed
+  offset (and, kv side, home blocks that some stage reads next to received ones, copied once per step);
+  received inputs are unpacked into their slots at ``CommWait`` (a unit that is the only one of its side
+  in every stage that reads it, or that is only relayed, stays in its message: no copy);
+- partial outputs: O = (o, lse) merged by log-sum-exp, DQ = dq, DKV = (dk, dv) summed. A unit's first
+  contribution (a view of the kernel's output, or of the message it came in) is its accumulator, no
+  clone; a second one merges into it in place (``merge_into`` / ``add_``), after widening it to fp32
+  (fp64 for fp64 runs) if needed. Partials of other homes are packed into the message to their home;
+  the home ones are assembled into the local result at the end in one pass (one ``cat`` per tensor), or
+  are the result itself when one kernel call covered every home row and head;
 - received partials, merged into the accumulator by ``Reduce``.
 
-``Compute(stage, tiles)`` builds ONE tile table for all tiles of the instruction: the distinct q units are
-the q segments of a q buffer, the distinct kv units contiguous segments of a kv buffer (units of all head
-blocks are stacked along the token axis: every unit has the same heads per block), so a stage is one
-kernel call. The tables (segments, tiles, clipped mask ranges) are derived once per plan and cached.
+``Compute(stage, tiles)`` runs one kernel call per (q row space, group of head blocks) — one call for
+most stages — on views of those tensors (no gather): the tile table, derived once per plan and cached,
+has segments and key offsets that address their rows directly.
 
 Unit payloads (one unit = one token block × one head block, L tokens):
     Q: q [L, hq, D]                 KV: k, v [L, hkv, D]
@@ -42,12 +48,13 @@ import numpy as np
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.execute.buffers import (BUF, HOME, MSG, DeviceLayout, build_layout, cat_as, nbytes, new_like_rows, pack,
+                                 rows_of, unpack)
 from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce, Unit
 from dcp.units import Kind
 
 INPUT_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 OUTPUT_KINDS = {"forward": (Kind.O,), "backward": (Kind.DQ, Kind.DKV)}
-_ALIGN = 8  # every packed tensor starts at a multiple of 8 bytes
 
 
 # --------------------------------------------------------------------------------------------- comm
@@ -56,7 +63,8 @@ class Comm(Protocol):
 
     def launch(self, round: int, sends: list[tuple[int, torch.Tensor]],
                recvs: list[tuple[int, tuple, torch.dtype]]) -> Any:
-        """Post this round's sends and receives (non-blocking); return a handle for ``wait``."""
+        """Post this round's sends and receives (non-blocking); return a handle for ``wait``. A send tensor
+        may be a view of the device's inputs or accumulators: read it, never write it."""
 
     def wait(self, handle: Any) -> list[torch.Tensor]:
         """Block until the round's transfers are done; the received tensors in the order of ``recvs``."""
@@ -291,28 +299,12 @@ def _tile_table_cls():
 
 # ------------------------------------------------------------------------------------ plan tables
 @dataclass
-class StageTable:
-    """Derived once per Compute instruction: its q/kv units, buffers' layout and the tile table."""
-
-    n_tiles: int
-    q_tb: np.ndarray          # q units (token block, head block), in segment order
-    q_hb: np.ndarray
-    q_cu: list                # q buffer rows of unit i: q_cu[i]:q_cu[i+1]
-    q_count: list             # tiles per q unit
-    kv_tb: np.ndarray         # kv units, in kv buffer order
-    kv_hb: np.ndarray
-    kv_cu: list
-    kv_count: list
-    table: Any                # TileTable (CPU int32 tensors)
-
-
-@dataclass
 class Op:
     code: str                 # "launch" | "wait" | "compute" | "reduce"
     round: int = 0
     sends: tuple = ()         # launch: ((peer, (unit, ...)), ...) grouped per peer, units sorted
     recvs: tuple = ()
-    stage: StageTable | None = None
+    calls: tuple = ()         # compute: its kernel calls (``dcp.execute.buffers.Call``)
     tiles: tuple = ()
     unit: Unit | None = None
     sources: tuple = ()
@@ -342,9 +334,12 @@ class PlanTables:
             self.local_off[blocks] = np.cumsum(lens) - lens
             self.n_local[d] = int(lens.sum())
         self._local_index = {}
-        self._stages: dict[tuple, StageTable] = {}
+        self._stages: dict[tuple, tuple] = {}       # (direction, device, tiles) -> kernel calls
         self._programs: dict[tuple, tuple[list[Op], list[int]]] = {}
+        self._layouts: dict[tuple, DeviceLayout] = {}
+        self._messages: dict[tuple, list] = {}
         self._granges = None
+        self._scatter = None
         self.validated = False
         self.tiles_checked = False
 
@@ -355,6 +350,16 @@ class PlanTables:
             idx = torch.from_numpy(self.plan.local_token_index(device).astype(np.int64))
             self._local_index[device] = idx
         return idx
+
+    def scatter_index(self) -> tuple[torch.Tensor, list[int], bool]:
+        """(rows of every device's local layout, concatenated in device order; rows per device; whether that
+        is the identity permutation) for scattering a packed batch to all devices at once."""
+        if self._scatter is None:
+            idx = [self.plan.local_token_index(d) for d in range(self.plan.n_devices)]
+            perm = np.concatenate(idx).astype(np.int64) if idx else np.zeros(0, dtype=np.int64)
+            self._scatter = (torch.from_numpy(perm), [int(i.size) for i in idx],
+                             bool(np.array_equal(perm, np.arange(perm.size))))
+        return self._scatter
 
     # -- mask ranges of the packed batch, local to each sequence, padded to the max slot count
     def global_ranges(self) -> np.ndarray:
@@ -369,72 +374,24 @@ class PlanTables:
             self._granges = out
         return self._granges
 
-    def stage(self, tiles: tuple[int, ...]) -> StageTable:
-        st = self._stages.get(tiles)
-        if st is None:
-            st = self._build_stage(np.asarray(tiles, dtype=np.int64))
-            self._stages[tiles] = st
-        return st
-
-    def _build_stage(self, t: np.ndarray) -> StageTable:
-        plan, lay, ts = self.plan, self.plan.layout, self.plan.tiles
-        nhb = self.nhb
-        q_tb, kv_tb, hb = ts.q_tb[t].astype(np.int64), ts.kv_tb[t].astype(np.int64), ts.hb[t].astype(np.int64)
-        qkey, kvkey = q_tb * nhb + hb, kv_tb * nhb + hb
-        order = np.lexsort((kvkey, qkey))
-        t, q_tb, kv_tb, hb, qkey, kvkey = t[order], q_tb[order], kv_tb[order], hb[order], qkey[order], kvkey[order]
-        uq, q_inv, q_cnt = np.unique(qkey, return_inverse=True, return_counts=True)
-        ukv, kv_inv, kv_cnt = np.unique(kvkey, return_inverse=True, return_counts=True)
-        q_len = self.tb_len[uq // nhb]
-        kv_len = self.tb_len[ukv // nhb]
-        q_cu = np.r_[0, np.cumsum(q_len)]
-        kv_cu = np.r_[0, np.cumsum(kv_len)]
-        seg_tile_ptr = np.r_[0, np.cumsum(q_cnt)]
-        tile_k_start = kv_cu[kv_inv]
-        tile_k_len = kv_len[kv_inv]
-        full = ts.full[t].astype(bool)
-        tile_rows = self.tb_len[q_tb]
-        tile_mask_row = np.full(t.size, -1, dtype=np.int64)
-        part = np.flatnonzero(~full)
-        if part.size:
-            plens = tile_rows[part]
-            starts = np.cumsum(plens) - plens
-            tile_mask_row[part] = starts
-            # global rows of every partial tile's q block, their sequence-local kv ranges, clipped and
-            # shifted to the tile's kv block
-            rep = np.repeat(np.arange(part.size), plens)
-            within = np.arange(rep.size) - starts[rep]
-            rows = lay.tb_start[q_tb[part]][rep].astype(np.int64) + within
-            ks = (lay.tb_start[kv_tb[part]].astype(np.int64) - plan.spec.cu_seqlens[lay.tb_seq[kv_tb[part]]])[rep]
-            ke = ks + self.tb_len[kv_tb[part]][rep]
-            rng = self.global_ranges()[rows].astype(np.int64)      # [n_rows, R, 2], sequence-local
-            s = np.clip(rng[:, :, 0], ks[:, None], ke[:, None]) - ks[:, None]
-            e = np.clip(rng[:, :, 1], ks[:, None], ke[:, None]) - ks[:, None]
-            empty = e <= s
-            s[empty], e[empty] = 0, 0
-            # keep only the slots some row uses
-            used_cols = np.flatnonzero((~empty).any(axis=0))
-            ncol = int(used_cols[-1]) + 1 if used_cols.size else 1
-            mask_ranges = np.stack([s[:, :ncol], e[:, :ncol]], axis=-1)
-        else:
-            mask_ranges = np.zeros((0, 1, 2), dtype=np.int64)
-        i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-        table_cls = _tile_table_cls()
-        table = table_cls(seg_cu=i32(q_cu), seg_tile_ptr=i32(seg_tile_ptr), tile_k_start=i32(tile_k_start),
-                          tile_k_len=i32(tile_k_len), tile_mask_row=i32(tile_mask_row),
-                          mask_ranges=i32(mask_ranges))
-        return StageTable(int(t.size), uq // nhb, uq % nhb, q_cu.tolist(), q_cnt.tolist(), ukv // nhb,
-                          ukv % nhb, kv_cu.tolist(), kv_cnt.tolist(), table)
-
     # -- compiled programs
     def program(self, direction: str, device: int) -> tuple[list[Op], list[int]]:
-        """(ops, segment starts): segment r (r >= 1) begins at round r's launch; segment 0 precedes it."""
+        """(ops, segment starts): segment r (r >= 1) begins at round r's launch; segment 0 precedes it.
+        Compiling also derives the device's buffer layout (``layout``) and every Compute's calls."""
         key = (direction, device)
         got = self._programs.get(key)
         if got is None:
-            got = self._compile(direction, device)
-            self._programs[key] = got
+            ops, starts = self._compile(direction, device)
+            self._layouts[key] = build_layout(self, device, ops, INPUT_KINDS[direction], _tile_table_cls())
+            for op in ops:
+                if op.code == "compute":
+                    op.calls = self._stages.setdefault((direction, device, op.tiles), op.calls)
+            got = self._programs[key] = (ops, starts)
         return got
+
+    def layout(self, direction: str, device: int) -> DeviceLayout:
+        self.program(direction, device)
+        return self._layouts[(direction, device)]
 
     def _compile(self, direction: str, device: int):
         prog = self.plan.program(direction)
@@ -448,7 +405,7 @@ class PlanTables:
             elif isinstance(ins, CommWait):
                 ops.append(Op("wait", round=ins.round))
             elif isinstance(ins, Compute):
-                ops.append(Op("compute", round=ins.stage, stage=self.stage(tuple(ins.tiles)), tiles=ins.tiles))
+                ops.append(Op("compute", round=ins.stage, tiles=tuple(int(t) for t in ins.tiles)))
             elif isinstance(ins, Reduce):
                 ops.append(Op("reduce", unit=Unit(Kind(ins.unit.kind), ins.unit.tb, ins.unit.hb),
                               sources=tuple(ins.sources)))
@@ -473,6 +430,13 @@ class PlanTables:
         if kind == Kind.DKV:
             return [((n, hkv, d), dt.part)] * 2
         raise ExecutionError(f"unknown unit kind {kind!r}")
+
+    def message(self, units: tuple, dt: "Dtypes") -> list[tuple[tuple, torch.dtype]]:
+        """(shape, dtype) of every tensor of a message carrying ``units`` (cached)."""
+        got = self._messages.get((units, dt))
+        if got is None:
+            got = self._messages[(units, dt)] = [p for u in units for p in self.pieces(u.kind, u.tb, dt)]
+        return got
 
 
 def _group(transfers) -> tuple:
@@ -540,7 +504,7 @@ def ensure_valid(plan: Plan, full: bool = True) -> None:
     check_tiles_once(plan)
 
 
-# ------------------------------------------------------------------------------------ packing
+# ------------------------------------------------------------------------------------ the runner
 @dataclass(frozen=True)
 class Dtypes:
     el: torch.dtype      # q/k/v/dO
@@ -552,46 +516,13 @@ class Dtypes:
         return Dtypes(dtype, partial_dtype or dtype, _stat_dtype(dtype))
 
 
-def _nbytes(shape, dtype) -> int:
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def pack(tensors: Sequence[torch.Tensor], device) -> torch.Tensor:
-    """One contiguous uint8 buffer holding ``tensors`` back to back, each padded to 8 bytes."""
-    parts = []
-    for t in tensors:
-        f = t.reshape(-1)
-        if f.numel() and f.stride(0) != 1:  # e.g. a one-element slice keeps its parent's stride
-            f = f.new_empty(f.shape).copy_(f)
-        b = f.view(torch.uint8)
-        parts.append(b)
-        pad = -b.numel() % _ALIGN
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
-    if not parts:
-        return torch.zeros(0, dtype=torch.uint8, device=device)
-    return torch.cat(parts)
-
-
-def unpack(buf: torch.Tensor, layout: Sequence[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
-    out, off = [], 0
-    for shape, dtype in layout:
-        nb = _nbytes(shape, dtype)
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        out.append(buf[off:off + n].view(dtype).view(shape))
-        off += nb
-    return out
-
-
-# ------------------------------------------------------------------------------------ the runner
 class DeviceRunner:
     """Interpreter of one device's program for one direction.
 
     Args:
         plan, device, direction: what to run.
         home: forward: ``(q, k, v)`` local tensors; backward: ``(q, k, v, do, lse, delta)`` with
-            ``lse``/``delta`` ``[Hq, n_local]`` in the stat dtype.
+            ``lse``/``delta`` ``[Hq, n_local]`` in the stat dtype. They are read in place, never written.
         comm: the device's ``Comm``.
         kernels: object with ``forward``/``backward``/``merge_into`` (see ``dcp.kernels``).
         scale: softmax scale.
@@ -601,20 +532,40 @@ class DeviceRunner:
     def __init__(self, plan: Plan, device: int, direction: str, home: Sequence[torch.Tensor], comm: Comm,
                  kernels, scale: float, partial_dtype: torch.dtype | None = None):
         self.plan, self.rank, self.direction = plan, device, direction
-        self.tab = plan_tables(plan)
-        self.ops, self.seg_starts = self.tab.program(direction, device)
+        self.tab = tab = plan_tables(plan)
+        self.ops, self.seg_starts = tab.program(direction, device)
+        self.lay = lay = tab.layout(direction, device)
         self.home = home
         self.comm, self.scale = comm, float(scale)
         self.dev = home[0].device
         self.dt = Dtypes.of(home[0].dtype, partial_dtype)
         self.kernels = resolve_kernels(kernels).for_input(self.dt.el, self.dev)
         self.in_q, self.in_kv = INPUT_KINDS[direction]
-        self.inputs: dict[Unit, list[torch.Tensor]] = {}
-        self.acc: dict[Unit, list[torch.Tensor]] = {}
+        fwd = direction == "forward"
+        # the two sides: the caller's tensors (HOME) and the slot buffers (BUF), one per input tensor
+        self.side_q = [tuple(home[:1]) if fwd else (home[0], home[3], home[4], home[5]), None]
+        self.side_kv = [(home[1], home[2]), None]
+        for side, n, zero in ((self.side_q, lay.n_q, lay.zero_q), (self.side_kv, lay.n_kv, lay.zero_kv)):
+            if n:
+                side[BUF] = tuple(new_like_rows(t, n) for t in side[HOME])
+                for t in side[BUF]:
+                    for a, m in zero:
+                        rows_of(t, a, a + m).zero_()
+        for h, b, n in lay.staged:
+            for src, dst in zip(self.side_kv[HOME], self.side_kv[BUF]):
+                dst[b:b + n].copy_(src[h:h + n])
+        self.arrived: set[Unit] = set()
+        self.relay: dict[Unit, list[torch.Tensor]] = {}   # received inputs no stage reads (only relayed)
+        # partial outputs: a unit's first contribution (kernel output or message views) is its accumulator,
+        # widened to the stat dtype when a second one is merged in; home results are assembled at the end
+        self.hacc: dict[Any, list[torch.Tensor]] = {}      # home units (keyed by ``_home_key``)
+        self.whole: dict[Kind, tuple] = {}                 # kernel outputs adopted as all home accumulators
+        self.touched: set[Kind] = set()
+        self.moved: set[Kind] = set()                      # kinds with an accumulator widened to the stat dtype
+        self.acc: dict[Unit, list[torch.Tensor]] = {}      # partials of other homes, until sent
         self.sent: set[Unit] = set()
         self.inbox: dict[tuple[Unit, int], list[torch.Tensor]] = {}
         self.pending: dict[int, tuple[Any, tuple]] = {}
-        self.pc = 0
 
     # -- segments for lockstep execution
     @property
@@ -652,31 +603,33 @@ class DeviceRunner:
     def _err(self, msg: str) -> ExecutionError:
         return ExecutionError(f"{self.direction} device {self.rank}: {msg}")
 
-    def _home_of(self, tb: int) -> int:
-        return int(self.tab.home[tb])
+    def _is_home(self, tb: int) -> bool:
+        return int(self.tab.home[tb]) == self.rank
 
-    def _rows(self, tb: int) -> slice:
-        off = int(self.tab.local_off[tb])
-        return slice(off, off + int(self.tab.tb_len[tb]))
+    def _heads(self, unit: Unit) -> slice:
+        tab = self.tab
+        if unit.kind in (Kind.KV, Kind.DKV):
+            return slice(tab.kv_lo[unit.hb], tab.kv_lo[unit.hb] + tab.kvb)
+        return slice(unit.hb * tab.hqb, (unit.hb + 1) * tab.hqb)
+
+    def _missing(self, unit: Unit) -> ExecutionError:
+        return self._err(f"needs input {unit.kind.name}[{unit.tb},{unit.hb}], which it neither holds nor received")
 
     def _input(self, unit: Unit) -> list[torch.Tensor]:
-        got = self.inputs.get(unit)
-        if got is not None:
-            return got
-        if self._home_of(unit.tb) != self.rank:
-            raise self._err(f"needs input {unit.kind.name}[{unit.tb},{unit.hb}], which it neither holds nor "
-                            f"received")
-        rows, tab = self._rows(unit.tb), self.tab
-        hq = slice(unit.hb * tab.hqb, (unit.hb + 1) * tab.hqb)
-        hk = slice(tab.kv_lo[unit.hb], tab.kv_lo[unit.hb] + tab.kvb)
-        h = self.home
-        if unit.kind == Kind.Q:
-            return [h[0][rows, hq]]
-        if unit.kind == Kind.KV:
-            return [h[1][rows, hk], h[2][rows, hk]]
-        if unit.kind == Kind.QG:
-            return [h[0][rows, hq], h[3][rows, hq], h[4][hq, rows], h[5][hq, rows]]
-        raise self._err(f"{unit.kind.name} is not an input of the {self.direction} pass")
+        """Views of an input unit: in the caller's tensors, its BUF slot, or the message it came in."""
+        if unit.kind not in (self.in_q, self.in_kv):
+            raise self._err(f"{unit.kind.name} is not an input of the {self.direction} pass")
+        side = self.side_q if unit.kind == self.in_q else self.side_kv
+        if self._is_home(unit.tb):
+            src, row = side[HOME], int(self.tab.local_off[unit.tb])
+        elif unit not in self.arrived:
+            raise self._missing(unit)
+        elif unit in self.relay:
+            return self.relay[unit]
+        else:
+            src, row = side[BUF], (self.lay.q_slot if unit.kind == self.in_q else self.lay.kv_slot)[unit.tb]
+        n, heads = int(self.tab.tb_len[unit.tb]), self._heads(unit)
+        return [rows_of(t, row, row + n, heads) for t in src]
 
     def _payload(self, unit: Unit) -> list[torch.Tensor]:
         if unit.kind in (self.in_q, self.in_kv):
@@ -687,16 +640,18 @@ class DeviceRunner:
         if acc is None:
             raise self._err(f"sends partial {unit.kind.name}[{unit.tb},{unit.hb}], which it never computed")
         self.sent.add(unit)
-        if unit.kind == Kind.O:
-            return [acc[0].to(self.dt.part), acc[1]]
-        return [a.to(self.dt.part) for a in acc]
+        return acc
 
     def _launch(self, op: Op) -> None:
-        sends = [(peer, pack([t for u in units for t in self._payload(u)], self.dev)) for peer, units in op.sends]
-        recvs = []
-        for peer, units in op.recvs:
-            nb = sum(_nbytes(s, dt) for u in units for s, dt in self.tab.pieces(u.kind, u.tb, self.dt))
-            recvs.append((peer, (nb,), torch.uint8))
+        sends = []
+        for peer, units in op.sends:
+            # a message of one tensor nobody writes any more (home input, sent partial) is sent as is
+            alias = not any(u.kind in (self.in_q, self.in_kv) and not self._is_home(u.tb) and u not in self.relay
+                            for u in units)
+            tensors = [t for u in units for t in self._payload(u)]
+            sends.append((peer, pack(tensors, self.tab.message(units, self.dt), self.dev, alias)))
+        recvs = [(peer, (sum(nbytes(s, dt) for s, dt in self.tab.message(units, self.dt)),), torch.uint8)
+                 for peer, units in op.recvs]
         if op.round in self.pending:
             raise self._err(f"launches round {op.round} twice")
         self.pending[op.round] = (self.comm.launch(op.round, sends, recvs), op.recvs)
@@ -708,8 +663,8 @@ class DeviceRunner:
         handle, recv_groups = got
         bufs = self.comm.wait(handle)
         for (peer, units), buf in zip(recv_groups, bufs):
-            layout = [p for u in units for p in self.tab.pieces(u.kind, u.tb, self.dt)]
-            want = sum(_nbytes(s, dt) for s, dt in layout)
+            layout = self.tab.message(units, self.dt)
+            want = sum(nbytes(s, dt) for s, dt in layout)
             if buf.numel() != want or buf.dtype != torch.uint8:
                 raise self._err(f"round {op.round}: message from device {peer} has {buf.numel()} bytes, "
                                 f"expected {want}")
@@ -720,24 +675,78 @@ class DeviceRunner:
                 part = tensors[i:i + n]
                 i += n
                 if u.kind in (self.in_q, self.in_kv):
-                    self.inputs[u] = part
+                    self._store_input(u, part)
                 else:
                     if (u, peer) in self.inbox:
                         raise self._err(f"receives partial {u.kind.name}[{u.tb},{u.hb}] from {peer} twice")
                     self.inbox[u, peer] = part
 
-    def _acc_add(self, unit: Unit, parts: list[torch.Tensor]) -> None:
-        if unit in self.sent:
-            raise self._err(f"adds to partial {unit.kind.name}[{unit.tb},{unit.hb}] after sending it")
-        acc = self.acc.get(unit)
-        if acc is None:
-            self.acc[unit] = [p.to(self.dt.stat).clone() if p.dtype == self.dt.stat else p.to(self.dt.stat)
-                              for p in parts]
-        elif unit.kind == Kind.O:
-            self.kernels.merge_into(acc[0], acc[1], parts[0].to(self.dt.stat), parts[1].to(self.dt.stat))
+    def _store_input(self, u: Unit, part: list[torch.Tensor]) -> None:
+        """Unpack a received input unit into its BUF slot (kept as message views when no stage reads it)."""
+        q_side = u.kind == self.in_q
+        row = (self.lay.q_slot if q_side else self.lay.kv_slot).get(u.tb)
+        self.arrived.add(u)
+        if row is None or self._is_home(u.tb):
+            self.relay[u] = part
+            return
+        self.relay.pop(u, None)
+        n, heads = int(self.tab.tb_len[u.tb]), self._heads(u)
+        for dst, src in zip((self.side_q if q_side else self.side_kv)[BUF], part):
+            rows_of(dst, row, row + n, heads).copy_(src)
+
+    # -- partial outputs
+    def _home_key(self, unit: Unit):
+        # dK/dV of head blocks that share a kv head (blocks smaller than a GQA group) add up in one region
+        return (unit.kind, unit.tb, self.tab.kv_lo[unit.hb]) if unit.kind == Kind.DKV else unit
+
+    def _merge(self, kind: Kind, acc: list[torch.Tensor], parts: list[torch.Tensor]) -> None:
+        if kind == Kind.O:
+            self.kernels.merge_into(acc[0], acc[1], parts[0], parts[1])
         else:
             for a, p in zip(acc, parts):
                 a.add_(p)
+
+    def _acc_add(self, unit: Unit, parts: list[torch.Tensor]) -> None:
+        """First contribution: its tensors (kernel output or message views, which nothing else uses) become
+        the accumulator, no clone; later ones merge into it in place (widened to the stat dtype first)."""
+        if unit in self.sent:
+            raise self._err(f"adds to partial {unit.kind.name}[{unit.tb},{unit.hb}] after sending it")
+        home = self._is_home(unit.tb)
+        store, key = (self.hacc, self._home_key(unit)) if home else (self.acc, unit)
+        if home:
+            self.touched.add(unit.kind)
+        acc = store.get(key)
+        if acc is None:
+            store[key] = list(parts)
+            return
+        if any(a.dtype != self.dt.stat for a in acc):
+            acc = store[key] = [a.to(self.dt.stat) for a in acc]
+            self.moved.add(unit.kind)
+        self._merge(unit.kind, acc, parts)
+
+    def _home_units(self, kind: Kind) -> list[tuple[Any, int, slice]]:
+        """(key, token block, heads) of every home accumulator region of ``kind``, in local row order."""
+        out, seen = [], set()
+        for tb in self.lay.home_q:
+            for hb in range(self.tab.nhb):
+                u = Unit(kind, tb, hb)
+                key = self._home_key(u)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((key, tb, self._heads(u)))
+        return out
+
+    def _adopt(self, kind: Kind, outs: tuple) -> bool:
+        """A kernel output covering every home row and head, before any other contribution, becomes the
+        home accumulator as a whole (and the finished result, unless a region had to be widened)."""
+        if kind in self.touched or any(t.dtype != self.dt.stat and t.dim() == 2 for t in outs):
+            return False
+        self.touched.add(kind)
+        self.whole[kind] = outs
+        for key, tb, heads in self._home_units(kind):
+            row = int(self.tab.local_off[tb])
+            self.hacc[key] = [rows_of(t, row, row + int(self.tab.tb_len[tb]), heads) for t in outs]
+        return True
 
     def _reduce(self, op: Op) -> None:
         for src in op.sources:
@@ -747,35 +756,33 @@ class DeviceRunner:
                                 f"which never sent it")
             self._acc_add(op.unit, parts)
 
+    def _src(self, side: list, src: int, kind: Kind, out: tuple) -> Sequence[torch.Tensor]:
+        if src == MSG:  # the call's one unit on this side, as it arrived
+            return self.relay[Unit(kind, out[0][0], out[0][1])]
+        return side[src]
+
     def _compute(self, op: Op) -> None:
-        st = op.stage
-        if st.n_tiles == 0:
-            return
-        nq, nkv = len(st.q_count), len(st.kv_count)
-        q_units = [self._input(Unit(self.in_q, int(st.q_tb[i]), int(st.q_hb[i]))) for i in range(nq)]
-        kv_units = [self._input(Unit(self.in_kv, int(st.kv_tb[i]), int(st.kv_hb[i]))) for i in range(nkv)]
-        cat0 = lambda xs: (xs[0] if len(xs) == 1 else torch.cat(xs, 0)).contiguous()  # noqa: E731
-        cat1 = lambda xs: (xs[0] if len(xs) == 1 else torch.cat(xs, 1)).contiguous()  # noqa: E731
-        k_buf = cat0([u[0] for u in kv_units])
-        v_buf = cat0([u[1] for u in kv_units])
-        q_buf = cat0([u[0] for u in q_units])
-        if self.direction == "forward":
-            o, lse = self.kernels.forward(q_buf, k_buf, v_buf, st.table, self.scale)
-            for i in range(nq):
-                a, b = st.q_cu[i], st.q_cu[i + 1]
-                self._acc_add(Unit(Kind.O, int(st.q_tb[i]), int(st.q_hb[i])), [o[a:b], lse[:, a:b]])
-        else:
-            do_buf = cat0([u[1] for u in q_units])
-            lse_buf = cat1([u[2] for u in q_units])
-            delta_buf = cat1([u[3] for u in q_units])
-            dq, dk, dv = self.kernels.backward(do_buf, q_buf, k_buf, v_buf, lse_buf, delta_buf,
-                                                         st.table, self.scale, out_dtype=self.dt.stat)
-            for i in range(nq):
-                a, b = st.q_cu[i], st.q_cu[i + 1]
-                self._acc_add(Unit(Kind.DQ, int(st.q_tb[i]), int(st.q_hb[i])), [dq[a:b]])
-            for i in range(nkv):
-                a, b = st.kv_cu[i], st.kv_cu[i + 1]
-                self._acc_add(Unit(Kind.DKV, int(st.kv_tb[i]), int(st.kv_hb[i])), [dk[a:b], dv[a:b]])
+        for c in op.calls:
+            for u in c.needs:
+                if u not in self.arrived:
+                    raise self._missing(u)
+            qs = [rows_of(t, c.q_lo, c.q_hi, c.hq) for t in self._src(self.side_q, c.q_src, self.in_q, c.q_out)]
+            k, v = (rows_of(t, c.kv_lo, c.kv_hi, c.hk) for t in self._src(self.side_kv, c.kv_src, self.in_kv,
+                                                                             c.kv_out))
+            if self.direction == "forward":
+                o, lse = self.kernels.forward(qs[0], k, v, c.table, self.scale)
+                if not (c.q_home_full and self._adopt(Kind.O, (o, lse))):
+                    for tb, hb, a, b, hs in c.q_out:
+                        self._acc_add(Unit(Kind.O, tb, hb), [rows_of(o, a, b, hs), rows_of(lse, a, b, hs)])
+                continue
+            dq, dk, dv = self.kernels.backward(qs[1], qs[0], k, v, qs[2], qs[3], c.table, self.scale,
+                                               out_dtype=self.dt.stat)
+            if not (c.q_home_full and self._adopt(Kind.DQ, (dq,))):
+                for tb, hb, a, b, hs in c.q_out:
+                    self._acc_add(Unit(Kind.DQ, tb, hb), [rows_of(dq, a, b, hs)])
+            if not (c.kv_home_full and self._adopt(Kind.DKV, (dk, dv))):
+                for tb, hb, a, b, hs in c.kv_out:
+                    self._acc_add(Unit(Kind.DKV, tb, hb), [rows_of(dk, a, b, hs), rows_of(dv, a, b, hs)])
 
     # -- results
     def _check_done(self) -> None:
@@ -785,39 +792,70 @@ class DeviceRunner:
             (u, src) = next(iter(self.inbox))
             raise self._err(f"partial {u.kind.name}[{u.tb},{u.hb}] received from device {src} is never merged")
         for u in self.acc:
-            if self._home_of(u.tb) != self.rank:
-                raise self._err(f"partial {u.kind.name}[{u.tb},{u.hb}] is never sent to its home "
-                                f"{self._home_of(u.tb)}")
+            raise self._err(f"partial {u.kind.name}[{u.tb},{u.hb}] is never sent to its home "
+                            f"{int(self.tab.home[u.tb])}")
 
-    def finish_forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(o_local [n_local, Hq, D] in the element dtype, lse_local [Hq, n_local] in the stat dtype)."""
-        self._check_done()
-        tab, n = self.tab, int(self.tab.n_local[self.rank])
-        o = torch.zeros((n, tab.hq, tab.d), dtype=self.dt.el, device=self.dev)
-        lse = torch.full((tab.hq, n), float("-inf"), dtype=self.dt.stat, device=self.dev)
-        for u, (ao, al) in self.acc.items():
-            rows, hq = self._rows(u.tb), slice(u.hb * tab.hqb, (u.hb + 1) * tab.hqb)
-            o[rows, hq] = ao.to(self.dt.el)
-            lse[hq, rows] = al
-        return o, lse
+    def _split(self, kind: Kind) -> bool:
+        """Whether head blocks split the rows of ``kind``'s home results into several regions."""
+        h = self.tab.hkv if kind == Kind.DKV else self.tab.hq
+        return any(heads != slice(0, h) for _, _, heads in self._home_units(kind))
 
-    def finish_backward(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dq, dk, dv) local, in the element dtype."""
-        self._check_done()
+    def _result(self, kind: Kind, dtypes: tuple, empty: tuple, blocks: dict | None) -> list[torch.Tensor]:
+        """The local result tensors of ``kind`` (regions nothing was added to set to ``empty``): an adopted
+        whole kernel output as it is, else one ``cat`` of the regions per tensor (one copy per region when
+        head blocks split rows). With ``blocks``: append each home block's rows to ``blocks[tb]`` instead."""
+        whole = self.whole.get(kind)
+        if blocks is None and whole is not None and kind not in self.moved:
+            return [t.to(dt) for t, dt in zip(whole, dtypes)]
         tab, n = self.tab, int(self.tab.n_local[self.rank])
-        dq = torch.zeros((n, tab.hq, tab.d), dtype=self.dt.stat, device=self.dev)
-        dk = torch.zeros((n, tab.hkv, tab.d), dtype=self.dt.stat, device=self.dev)
-        dv = torch.zeros_like(dk)
-        for u, parts in self.acc.items():
-            rows = self._rows(u.tb)
-            if u.kind == Kind.DQ:
-                dq[rows, u.hb * tab.hqb:(u.hb + 1) * tab.hqb] += parts[0]
-            else:
-                hk = slice(tab.kv_lo[u.hb], tab.kv_lo[u.hb] + tab.kvb)
-                dk[rows, hk] += parts[0]
-                dv[rows, hk] += parts[1]
+        h, split = (tab.hkv if kind == Kind.DKV else tab.hq), self._split(kind)
+        out = []
+        for i, (dt, value) in enumerate(zip(dtypes, empty)):
+            stat_rows = kind == Kind.O and i == 1  # lse [H, T]: rows along dim 1
+
+            def shape(m: int) -> tuple:
+                return (h, m) if stat_rows else (m, h, tab.d)
+
+            res = torch.empty(shape(n), dtype=dt, device=self.dev) if split else None
+            regions = []
+            for key, tb, heads in self._home_units(kind):
+                a, b = int(tab.local_off[tb]), int(tab.local_off[tb] + tab.tb_len[tb])
+                t = self.hacc[key][i] if key in self.hacc else None
+                if res is not None:  # head blocks split the rows: a copy per region
+                    if t is None:
+                        rows_of(res, a, b, heads).fill_(value)
+                    else:
+                        rows_of(res, a, b, heads).copy_(t)
+                    continue
+                t = torch.full(shape(b - a), value, dtype=dt, device=self.dev) if t is None else t
+                if blocks is not None:
+                    blocks.setdefault(tb, []).append(t)
+                regions.append(t)
+            if blocks is None:
+                out.append(res if split else cat_as(regions, 1 if stat_rows else 0, dt,
+                                                     torch.empty(shape(0), dtype=dt, device=self.dev)))
+        return out
+
+    def finish_forward(self, blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(o_local [n_local, Hq, D] in the element dtype, lse_local [Hq, n_local] in the stat dtype). With
+        ``blocks`` (a dict; only when ``can_hand_blocks``) instead: ``blocks[tb]`` gets home block tb's
+        (o, lse) rows, for assembling the packed result without a local one."""
+        self._check_done()
+        o_lse = self._result(Kind.O, (self.dt.el, self.dt.stat), (0.0, float("-inf")), blocks)
+        return None if blocks is not None else tuple(o_lse)
+
+    def finish_backward(self, blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(dq, dk, dv) local, in the element dtype; with ``blocks``: like ``finish_forward``."""
+        self._check_done()
         el = self.dt.el
-        return dq.to(el), dk.to(el), dv.to(el)
+        dq = self._result(Kind.DQ, (el,), (0.0,), blocks)
+        dk_dv = self._result(Kind.DKV, (el, el), (0.0, 0.0), blocks)
+        return None if blocks is not None else (*dq, *dk_dv)
+
+    @property
+    def can_hand_blocks(self) -> bool:
+        """Whether each home token block's result rows are one region (head blocks split no row)."""
+        return not any(self._split(k) for k in OUTPUT_KINDS[self.direction])
 
 
 def backward_home(q, k, v, o, lse, do) -> tuple:

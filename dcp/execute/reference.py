@@ -10,12 +10,23 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from dcp.errors import ExecutionError
-from dcp.execute.dispatch import dispatch, undispatch
-from dcp.execute.local import DeviceRunner, backward_home, default_scale, ensure_valid, resolve_kernels
+from dcp.execute.buffers import cat_as
+from dcp.execute.dispatch import undispatch
+from dcp.execute.local import (DeviceRunner, _stat_dtype, backward_home, default_scale, ensure_valid, plan_tables,
+                               resolve_kernels)
 from dcp.plan import Plan
+
+
+def _scatter(plan: Plan, x: torch.Tensor, dim: int = 0) -> list[torch.Tensor]:
+    """``[dispatch(plan, d, x, dim) for d in devices]`` with ONE gather (views of it per device; ``x``'s own
+    views when the local layouts are the packed order). The executors never write their inputs."""
+    perm, sizes, identity = plan_tables(plan).scatter_index()
+    y = x if identity else x.index_select(dim, perm.to(x.device))
+    return list(y.split(sizes, dim))
 
 
 class InMemoryComm:
@@ -112,33 +123,53 @@ class ReferenceExecutor:
 
     def forward_local(self, plan: Plan, qs, ks, vs) -> tuple[list, list]:
         """Forward on local tensors (one per device): (o_local per device, lse_local per device)."""
-        comm = InMemoryComm()
-        scale = default_scale(plan, self.scale)
-        runners = [DeviceRunner(plan, d, "forward", (qs[d], ks[d], vs[d]), comm.endpoint(d), self.kernels, scale,
-                                self.partial_dtype) for d in range(plan.n_devices)]
-        run_lockstep(runners, comm)
+        runners = self._run(plan, "forward", [(qs[d], ks[d], vs[d]) for d in range(plan.n_devices)])
         outs = [r.finish_forward() for r in runners]
         return [o for o, _ in outs], [lse for _, lse in outs]
 
-    def backward_local(self, plan: Plan, qs, ks, vs, os, lses, dos) -> tuple[list, list, list]:
+    def _run(self, plan: Plan, direction: str, homes: list) -> list[DeviceRunner]:
         comm = InMemoryComm()
         scale = default_scale(plan, self.scale)
-        runners = [DeviceRunner(plan, d, "backward", backward_home(qs[d], ks[d], vs[d], os[d], lses[d], dos[d]),
-                                comm.endpoint(d), self.kernels, scale, self.partial_dtype)
-                   for d in range(plan.n_devices)]
+        runners = [DeviceRunner(plan, d, direction, homes[d], comm.endpoint(d), self.kernels, scale,
+                                self.partial_dtype) for d in range(plan.n_devices)]
         run_lockstep(runners, comm)
+        return runners
+
+    @staticmethod
+    def _assemble(plan: Plan, runners: list[DeviceRunner], dims: tuple) -> list[torch.Tensor]:
+        """The packed results straight from every device's per-block result rows: one ``cat`` per tensor in
+        packed order (one pass, no per-device result and scatter), or per device and ``undispatch``."""
+        finish = [r.finish_forward if r.direction == "forward" else r.finish_backward for r in runners]
+        if len(runners) == 1 and plan_tables(plan).scatter_index()[2]:
+            return list(finish[0]())
+        if not all(r.can_hand_blocks for r in runners):
+            locals_ = [f() for f in finish]
+            return [undispatch(plan, [x[i] for x in locals_], dim) for i, dim in enumerate(dims)]
+        blocks: dict = {}
+        for f in finish:
+            f(blocks)
+        order = np.argsort(plan.layout.tb_start, kind="stable")
+        r0 = runners[0]
+        out = []
+        for i, dim in enumerate(dims):
+            parts = [blocks[int(tb)][i] for tb in order]
+            dtype = r0.dt.stat if (r0.direction == "forward" and i == 1) else r0.dt.el
+            out.append(cat_as(parts, dim, dtype, None))
+        return out
+
+    def backward_local(self, plan: Plan, qs, ks, vs, os, lses, dos) -> tuple[list, list, list]:
+        runners = self._run(plan, "backward", [backward_home(qs[d], ks[d], vs[d], os[d], lses[d], dos[d])
+                                               for d in range(plan.n_devices)])
         outs = [r.finish_backward() for r in runners]
         return [x[0] for x in outs], [x[1] for x in outs], [x[2] for x in outs]
 
     def run_forward(self, plan: Plan, q_thd: torch.Tensor, k_thd: torch.Tensor, v_thd: torch.Tensor):
         """Forward of the packed batch: ``(o [T, Hq, D], lse [Hq, T])``."""
         self._check(plan, q_thd, k_thd, v_thd)
-        n = plan.n_devices
-        qs = [dispatch(plan, d, q_thd) for d in range(n)]
-        ks = [dispatch(plan, d, k_thd) for d in range(n)]
-        vs = [dispatch(plan, d, v_thd) for d in range(n)]
-        os, lses = self.forward_local(plan, qs, ks, vs)
-        return undispatch(plan, os), undispatch(plan, lses, dim=1)
+        runners = self._run(plan, "forward", list(zip(_scatter(plan, q_thd), _scatter(plan, k_thd),
+                                                      _scatter(plan, v_thd))))
+        o, lse = self._assemble(plan, runners, (0, 1))
+        return o, lse
 
     def run_backward(self, plan: Plan, q, k, v, o, lse, do):
         """Backward of the packed batch given the forward's ``o``, ``lse`` and ``do``: ``(dq, dk, dv)``."""
@@ -148,10 +179,14 @@ class ReferenceExecutor:
                 or tuple(lse.shape) != (spec.num_heads, spec.total_tokens):
             raise ExecutionError(f"o and do must have q's shape {list(q.shape)} and lse "
                                  f"[{spec.num_heads}, {spec.total_tokens}]")
-        n = plan.n_devices
-        loc = lambda x, dim=0: [dispatch(plan, d, x, dim) for d in range(n)]  # noqa: E731
-        dqs, dks, dvs = self.backward_local(plan, loc(q), loc(k), loc(v), loc(o), loc(lse, 1), loc(do))
-        return undispatch(plan, dqs), undispatch(plan, dks), undispatch(plan, dvs)
+        # backward_home's row statistics for the whole batch at once, then every input scattered with one gather
+        stat = _stat_dtype(q.dtype)
+        delta = (do.to(stat) * o.to(stat)).sum(-1)                                  # [T, Hq]
+        lses = _scatter(plan, lse.to(stat), dim=1)
+        homes = zip(_scatter(plan, q), _scatter(plan, k), _scatter(plan, v), _scatter(plan, do.contiguous()), lses,
+                    (x.t() for x in _scatter(plan, delta)))
+        dq, dk, dv = self._assemble(plan, self._run(plan, "backward", list(homes)), (0, 0, 0))
+        return dq, dk, dv
 
 
 __all__ = ["ReferenceExecutor", "InMemoryComm", "run_lockstep"]
