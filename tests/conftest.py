@@ -22,3 +22,15 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def slow(request) -> bool:
     return bool(request.config.getoption("--slow"))
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """Tiny tensors: intra-op threads only contend (badly so on a shared 2-core machine). Use as
+    ``pytestmark = pytest.mark.usefixtures("one_intra_op_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -36,13 +36,7 @@ FP64_TOL = 1e-10
 EXECUTOR = ReferenceExecutor(kernels="auto")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tensors here are tiny: intra-op threads only contend (badly so on a shared 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 
 
 def mask_for(family: str, seqlen: int, rng: np.random.Generator):

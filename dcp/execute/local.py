@@ -218,9 +218,10 @@ class KernelAdapter:
     kernels only if they keep the row statistics (lse, delta) in fp64 — fp32 statistics cap the accuracy
     of an fp64 run near 1e-7 — else the dense fallback here (probed once per kernels object)."""
 
-    def __init__(self, kernels):
+    def __init__(self, kernels, auto: bool = False):
         self.kernels = kernels
         self.name = getattr(kernels, "name", type(kernels).__name__)
+        self.auto = auto  # chosen by "auto": free to pick per device
         self._fp64 = None
 
     def _fp64_capable(self) -> bool:
@@ -243,18 +244,31 @@ class KernelAdapter:
             self._fp64 = ok
         return self._fp64
 
-    def for_input(self, dtype: torch.dtype, device: torch.device):
-        """The kernels to run inputs of this dtype on this device with."""
+    def for_input(self, dtype: torch.dtype, device: torch.device, head_dim: int | None = None):
+        """The kernels to run inputs of this dtype and head dim on this device with.
+
+        The C++ attention kernels take CPU tensors only: on a GPU, 'auto' and 'native' become the fused
+        varlen (flash) kernels where they can run the inputs (fp16/bf16), else the reference kernels."""
         if dtype == torch.float64 and not isinstance(self.kernels, FallbackKernels) and not self._fp64_capable():
             return _FALLBACK
-        if device.type != "cpu" and getattr(self.kernels, "name", "") == "native":
-            from dcp.kernels import get_kernels  # the C++ attention kernels take CPU tensors only
+        if device.type != "cpu" and (self.auto or getattr(self.kernels, "name", "") == "native"):
+            from dcp.kernels import get_kernels
 
+            if head_dim is not None and _gpu_varlen_available(dtype, device, head_dim):
+                return get_kernels("varlen")
             return get_kernels("reference")
         return self.kernels
 
 
 _FALLBACK = FallbackKernels()
+
+
+def _gpu_varlen_available(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    try:
+        from dcp.kernels.varlen_ops import gpu_varlen_available
+    except ImportError:
+        return False
+    return gpu_varlen_available(dtype, device, head_dim)
 
 
 _ADAPTERS: dict = {}
@@ -284,7 +298,7 @@ def resolve_kernels(kernels=None) -> KernelAdapter:
             except ImportError:
                 got = KernelAdapter(_FALLBACK)
             else:
-                got = KernelAdapter(get_kernels(name))
+                got = KernelAdapter(get_kernels(name), auto=name == "auto")
         _ADAPTERS[name] = got
     return got
 
@@ -539,7 +553,7 @@ class DeviceRunner:
         self.comm, self.scale = comm, float(scale)
         self.dev = home[0].device
         self.dt = Dtypes.of(home[0].dtype, partial_dtype)
-        self.kernels = resolve_kernels(kernels).for_input(self.dt.el, self.dev)
+        self.kernels = resolve_kernels(kernels).for_input(self.dt.el, self.dev, int(home[0].shape[-1]))
         self.in_q, self.in_kv = INPUT_KINDS[direction]
         fwd = direction == "forward"
         # the two sides: the caller's tensors (HOME) and the slot buffers (BUF), one per input tensor

@@ -6,6 +6,9 @@
     o, lse = kernels.merge_partials([o1, o2], [lse1, lse2])
     kernels.merge_into(o_acc, lse_acc, o_new, lse_new)
 
+Backends: ``reference`` (pure PyTorch, any device), ``native`` (C++ CPU, ``dcp._C``), ``varlen`` (the tile
+table as a few fused flash-attention varlen calls: flash-attn or PyTorch's flash kernel on a GPU).
+
 Layouts: q/o/do ``[Tq, Hq, D]``, k/v ``[Tk, Hkv, D]``, lse/delta ``[Hq, Tq]`` float32. The tile table
 (``TileTable``) is described in ``dcp.kernels.tiles``.
 """
@@ -16,7 +19,7 @@ import warnings
 from typing import Callable
 
 from dcp.errors import ExecutionError
-from dcp.kernels import native, reference
+from dcp.kernels import native, reference, varlen
 from dcp.kernels.tiles import TileTable
 
 __all__ = ["AttentionKernels", "TileTable", "available_backends", "get_kernels", "native", "reference"]
@@ -38,18 +41,22 @@ _BACKENDS = {
                                   reference.merge_partials, reference.merge_into),
     "native": AttentionKernels("native", native.attention_forward, native.attention_backward,
                                native.merge_partials, native.merge_into),
+    # fused varlen calls: flash-attn / PyTorch's flash kernel on a GPU, a plain-PyTorch emulation elsewhere
+    "varlen": AttentionKernels("varlen", varlen.attention_forward, varlen.attention_backward,
+                               varlen.merge_partials, varlen.merge_into),
 }
 _warned_fallback = False
 
 
 def available_backends() -> list[str]:
-    """Backends usable here: always 'reference', plus 'native' when ``dcp._C`` is built."""
-    return ["reference"] + (["native"] if native.is_available() else [])
+    """Backends usable here: always 'reference' and 'varlen' (emulated off the GPU), plus 'native' when
+    ``dcp._C`` is built."""
+    return ["reference", "varlen"] + (["native"] if native.is_available() else [])
 
 
 def get_kernels(name: str = "auto") -> AttentionKernels:
-    """The kernels of backend ``name``: 'reference', 'native', or 'auto' (native if built, else reference
-    with a one-time warning). Raises ``ExecutionError`` for an unknown or unavailable backend."""
+    """The kernels of backend ``name``: 'reference', 'native', 'varlen', or 'auto' (native if built, else
+    reference with a one-time warning; executors switch CUDA half-precision inputs to 'varlen'). Raises ``ExecutionError`` for an unknown or unavailable backend."""
     global _warned_fallback
     if name == "auto":
         if native.is_available():
