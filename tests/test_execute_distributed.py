@@ -137,12 +137,12 @@ def _truth(plan, seed=0):
     return (q, k, v, do), o.detach(), lse.detach(), grads
 
 
-def _local_errors(plan, rank, dtype, seed=0) -> dict:
+def _local_errors(plan, rank, dtype, seed=0, kernels=None) -> dict:
     import dcp
 
     (q, k, v, do), o_ref, lse_ref, g_ref = _truth(plan, seed)
     ql, kl, vl = (dcp.dispatch(plan, rank, x).to(dtype).requires_grad_() for x in (q, k, v))
-    o, lse = dcp.attention(ql, kl, vl, plan, timeout=20, return_lse=True)
+    o, lse = dcp.attention(ql, kl, vl, plan, timeout=20, return_lse=True, kernels=kernels)
     o.backward(dcp.dispatch(plan, rank, do).to(dtype))
     sl = lambda x, dim=0: dcp.dispatch(plan, rank, x, dim)  # noqa: E731
     err = lambda a, b: float((a.double() - b).abs().max()) if a.numel() else 0.0  # noqa: E731
@@ -161,6 +161,10 @@ def _scenario_correct(rank, world):
     for family, nodes, dtype in configs:
         plan = _build(world, family, nodes, dtype)
         out[family, nodes, dtype] = {"digest": _digest(plan), **_local_errors(plan, rank, getattr(torch, dtype))}
+    # the fused varlen tile path (its CPU emulation) under the distributed executor
+    plan = _build(world, "mixed", 1, "float32")
+    out["mixed", 1, "float32", "varlen"] = {"digest": _digest(plan),
+                                            **_local_errors(plan, rank, torch.float32, kernels="varlen")}
     return out, True
 
 
@@ -254,7 +258,7 @@ def _check_correct(results):
     for rank, res in enumerate(results):
         assert "crash" not in res, res.get("crash")
     for key in results[0]:
-        family, nodes, dtype = key
+        family, nodes, dtype, *_ = key
         assert len({r[key]["digest"] for r in results}) == 1, "ranks built different plans"
         assert sum(r[key]["n_local"] for r in results) == 47
         tol = 1e-10 if dtype == "float64" else 2e-5
