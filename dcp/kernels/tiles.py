@@ -16,6 +16,7 @@ Every field is a contiguous int32 CPU tensor. ``validate(Tq, Tk)`` checks all of
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 
 from dcp.errors import ExecutionError
 
+_VALIDATED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # table -> {(tq, tk) that passed}
 _FIELDS = ("seg_cu", "seg_tile_ptr", "tile_k_start", "tile_k_len", "tile_mask_row", "mask_ranges")
 
 
@@ -64,8 +66,18 @@ class TileTable:
     def validate(self, tq: int, tk: int) -> None:
         """Check the table against a q buffer of ``tq`` rows and a kv buffer of ``tk`` rows.
 
-        Raises ``ExecutionError`` naming the first offending segment / tile / row.
+        Raises ``ExecutionError`` naming the first offending segment / tile / row. A table that passed
+        for these sizes is not checked again (tables are plan-owned values, built once, read often;
+        the native kernels check the fields they index once more on every call).
         """
+        key = (int(tq), int(tk))
+        done = _VALIDATED.get(self)
+        if done is not None and key in done:
+            return
+        self._validate(tq, tk)
+        _VALIDATED.setdefault(self, set()).add(key)
+
+    def _validate(self, tq: int, tk: int) -> None:
         for name in _FIELDS:
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor):

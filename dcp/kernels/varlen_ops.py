@@ -16,6 +16,7 @@ whole varlen path.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -222,7 +223,13 @@ def _gpu_ops() -> list:
 
 def select_ops(dtype: torch.dtype, device: torch.device, head_dim: int, prefer: str = "auto"):
     """The varlen implementation for these inputs: ``prefer`` 'auto' (flash_attn, else torch_flash,
-    else emulated), or one of 'flash_attn', 'torch_flash', 'emulated' (``ExecutionError`` if unusable)."""
+    else emulated), or one of 'flash_attn', 'torch_flash', 'emulated' (``ExecutionError`` if unusable).
+    Cached per argument tuple: it runs on every kernel call."""
+    return _select_ops(dtype, device, int(head_dim), prefer)
+
+
+@functools.lru_cache(maxsize=64)
+def _select_ops(dtype: torch.dtype, device: torch.device, head_dim: int, prefer: str):
     if prefer == "emulated":
         return _EMULATED
     for ops in _gpu_ops() if device.type == "cuda" else []:
