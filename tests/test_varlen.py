@@ -114,9 +114,7 @@ def test_real_plans_need_few_calls(family):
             ops, _ = tab.program(direction, dev)
             for op in ops:
                 for c in getattr(op, "calls", ()):
-                    tq = int(c.table.seg_cu[-1]) + 1
-                    tk = int((c.table.tile_k_start + c.table.tile_k_len).max()) if c.table.n_tiles else 0
-                    sched = build_schedule(c.table, tq, tk)
+                    sched = build_schedule(c.table, c.q_hi - c.q_lo, c.kv_hi - c.kv_lo)
                     windows = {call.window for call in sched.calls}
                     assert len(sched.calls) == len(windows)
                     # full, causal, and sliding bands of the mask's window widths (<= 2 widths per mask)

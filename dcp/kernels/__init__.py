@@ -56,7 +56,8 @@ def available_backends() -> list[str]:
 
 def get_kernels(name: str = "auto") -> AttentionKernels:
     """The kernels of backend ``name``: 'reference', 'native', 'varlen', or 'auto' (native if built, else
-    reference with a one-time warning; executors switch CUDA half-precision inputs to 'varlen'). Raises ``ExecutionError`` for an unknown or unavailable backend."""
+    reference with a one-time warning; executors switch CUDA half-precision inputs to 'varlen').
+    Raises ``ExecutionError`` for an unknown or unavailable backend."""
     global _warned_fallback
     if name == "auto":
         if native.is_available():

@@ -57,7 +57,7 @@ def _merge_rows(o_all, lse_all, rows, unique: bool, tq: int, dtype):
         o.index_copy_(0, rows, o_all.to(dtype))
         lse.index_copy_(1, rows, lse_all.float())
         return o, lse
-    cd = torch.float64 if dtype == torch.float64 else torch.float32
+    cd = ref.compute_dtype(dtype)
     lse_c = lse_all.to(cd)
     m = torch.full((h, tq), float("-inf"), dtype=cd, device=dev)
     m.scatter_reduce_(1, rows.expand(h, -1), lse_c, reduce="amax")
@@ -78,7 +78,7 @@ def _delta_carrier(do_thd: torch.Tensor, delta_ht: torch.Tensor) -> torch.Tensor
     are exact in fp32, so only ``b``'s rounding remains. Rows with ``dO = 0`` have ``delta = 0``.
     """
     dt = do_thd.dtype
-    cd = torch.float64 if dt == torch.float64 else torch.float32
+    cd = ref.compute_dtype(dt)
     do_c = do_thd.to(cd)
     delta = delta_ht.to(cd).t()                                    # [Tq, Hq]
     top = min(2, do_thd.shape[-1])
@@ -110,7 +110,7 @@ def attention_backward(do_thd, q_thd, k_thd, v_thd, lse_ht, delta_ht, tiles: Til
     ref.check_backward_inputs(do_thd, q_thd, lse_ht, delta_ht, out_dtype, hq, tq, fn)
     sched = schedule_for(tiles, tq, tk, q_thd.device)
     impl = select_ops(q_thd.dtype, q_thd.device, d, ops)
-    cd = torch.float64 if q_thd.dtype == torch.float64 else torch.float32
+    cd = ref.compute_dtype(q_thd.dtype)
     dev = q_thd.device
     dq = torch.zeros((tq, hq, d), dtype=cd, device=dev)
     dk = torch.zeros((tk, hkv, d), dtype=cd, device=dev)
@@ -130,19 +130,24 @@ def attention_backward(do_thd, q_thd, k_thd, v_thd, lse_ht, delta_ht, tiles: Til
 
 
 def merge_partials(o_list, lse_list):
-    """LSE merge (the native kernels where they take these tensors, else the reference)."""
-    if len(o_list) and isinstance(o_list[0], torch.Tensor) and _native_merges(o_list[0]) and all(o.dtype == o_list[0].dtype != torch.float64 for o in o_list):
-        return native.merge_partials(o_list, lse_list)
-    return ref.merge_partials(o_list, lse_list)
+    """LSE merge: the native kernels where they take these tensors (one non-fp64 dtype), else the
+    reference, whose checks also name bad inputs."""
+    dtypes = {getattr(o, "dtype", None) for o in o_list}
+    use_native = len(dtypes) == 1 and torch.float64 not in dtypes and _native_merges(o_list[0])
+    return (native if use_native else ref).merge_partials(o_list, lse_list)
 
 
 def merge_into(o_acc, lse_acc, o_new, lse_new):
-    if isinstance(o_acc, torch.Tensor) and _native_merges(o_acc) and torch.float64 not in (o_acc.dtype, o_new.dtype):
-        return native.merge_into(o_acc, lse_acc, o_new, lse_new)
-    return ref.merge_into(o_acc, lse_acc, o_new, lse_new)
+    """In-place two-way LSE merge (``reference.merge_into``); native where it takes these tensors (the
+    accumulator may be wider than ``o_new``, neither fp64)."""
+    use_native = _native_merges(o_acc) and torch.float64 not in (o_acc.dtype, getattr(o_new, "dtype", None))
+    return (native if use_native else ref).merge_into(o_acc, lse_acc, o_new, lse_new)
 
 
-def _native_merges(t: torch.Tensor) -> bool:
+def _native_merges(t) -> bool:
+    """Whether the native merges take a tensor on ``t``'s device (CPU: dcp._C; CUDA: dcp._C_cuda)."""
+    if not isinstance(t, torch.Tensor):
+        return False
     if t.device.type == "cpu":
         return native.is_available()
     return t.device.type == "cuda" and native.cuda_merge_available()

@@ -6,9 +6,9 @@ Every implementation meets one interface (``VarlenOps``) over packed tensors:
     dq, dk, dv    = ops.backward(do_thd, q_thd, k_thd, v_thd, o_thd, lse_ht, call, scale)
 
 ``q/o/do [Nq, Hq, D]``, ``k/v [Nk, Hkv, D]`` (GQA by head ratio), ``lse_ht [Hq, Nq]`` float32 (float64
-from the emulation of float64 inputs), natural log; ``call`` is a ``VarlenCall`` (cu_seqlens, max lengths, one bottom-right window). The backward
-takes the *final* output and lse of each row, as flash kernels do: they use ``o`` only for
-``D = rowsum(dO * O)``. Outputs come back in the input dtype, as from the flash kernels.
+from the emulation of float64 inputs), natural log; ``call`` is a ``VarlenCall`` (cu_seqlens, max
+lengths, one bottom-right window). The backward takes the *final* output and lse of each row, as flash
+kernels do: they use ``o`` only for ``D = rowsum(dO * O)``. Outputs come back in the input dtype, as from the flash kernels.
 
 ``EmulatedOps`` is the same arithmetic in plain PyTorch (fp32 accumulation, fp64 for fp64 inputs) on
 any device: the oracle the GPU implementations are checked against, and what lets CPU tests drive the
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.kernels.reference import compute_dtype
 from dcp.kernels.varlen_schedule import VarlenCall
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -50,17 +50,13 @@ class EmulatedOps:
     def supports_window(self, window: tuple[int, int]) -> bool:
         return True
 
-    @staticmethod
-    def supports(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-        return True
-
     def _seqs(self, call: VarlenCall):
         cu_q, cu_k = call.cu_q.tolist(), call.cu_k.tolist()
         for i in range(call.n_seq):
             yield cu_q[i], cu_q[i + 1], cu_k[i], cu_k[i + 1]
 
     def forward(self, q_thd, k_thd, v_thd, call: VarlenCall, scale: float):
-        cd = torch.float64 if q_thd.dtype == torch.float64 else torch.float32
+        cd = compute_dtype(q_thd.dtype)
         hq, hkv = q_thd.shape[1], k_thd.shape[1]
         g = hq // hkv
         o = torch.zeros(q_thd.shape, dtype=cd, device=q_thd.device)
@@ -77,7 +73,7 @@ class EmulatedOps:
         return o.to(q_thd.dtype), lse
 
     def backward(self, do_thd, q_thd, k_thd, v_thd, o_thd, lse_ht, call: VarlenCall, scale: float):
-        cd = torch.float64 if q_thd.dtype == torch.float64 else torch.float32
+        cd = compute_dtype(q_thd.dtype)
         hq, hkv = q_thd.shape[1], k_thd.shape[1]
         g = hq // hkv
         dq = torch.zeros(q_thd.shape, dtype=cd, device=q_thd.device)
@@ -249,8 +245,4 @@ def for_call(ops, call: VarlenCall):
 
 def gpu_varlen_available(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
     """Whether a real flash varlen kernel (not the emulation) can run these inputs."""
-    return device.type == "cuda" and any(o.supports(dtype, device, head_dim) for o in _gpu_ops())
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+    return device.type == "cuda" and select_ops(dtype, device, head_dim) is not _EMULATED

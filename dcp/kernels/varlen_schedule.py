@@ -108,16 +108,31 @@ class _Pieces:
                 for f in dataclasses.fields(self)}
 
 
-def _full_pieces(table: TileTable, out: _Pieces, base: int) -> int:
+@dataclasses.dataclass(frozen=True)
+class _TableArrays:
+    """The table's int32 fields as int64 numpy arrays, plus each tile's segment and each segment's rows."""
+
+    cu: np.ndarray
+    k0: np.ndarray
+    kl: np.ndarray
+    mr: np.ndarray
+    seg_of_tile: np.ndarray
+    seg_len: np.ndarray
+
+    @classmethod
+    def of(cls, table: TileTable) -> "_TableArrays":
+        cu = table.seg_cu.numpy().astype(np.int64)
+        ptr = table.seg_tile_ptr.numpy().astype(np.int64)
+        return cls(cu, table.tile_k_start.numpy().astype(np.int64), table.tile_k_len.numpy().astype(np.int64),
+                   table.tile_mask_row.numpy().astype(np.int64),
+                   np.repeat(np.arange(table.n_segments), np.diff(ptr)), np.diff(cu))
+
+
+def _full_pieces(a: _TableArrays, out: _Pieces, base: int) -> int:
     """One piece per q segment over all its full tiles' keys. Returns the number of pieces added."""
-    cu = table.seg_cu.numpy().astype(np.int64)
-    ptr = table.seg_tile_ptr.numpy().astype(np.int64)
-    k0 = table.tile_k_start.numpy().astype(np.int64)
-    kl = table.tile_k_len.numpy().astype(np.int64)
-    mr = table.tile_mask_row.numpy().astype(np.int64)
-    seg_of_tile = np.repeat(np.arange(table.n_segments), np.diff(ptr))
-    full = np.flatnonzero((mr < 0) & (kl > 0))
-    full = full[(cu[1:] - cu[:-1])[seg_of_tile[full]] > 0]
+    cu, k0, kl, seg_of_tile = a.cu, a.k0, a.kl, a.seg_of_tile
+    full = np.flatnonzero((a.mr < 0) & (kl > 0))
+    full = full[a.seg_len[seg_of_tile[full]] > 0]
     if full.size == 0:
         return 0
     segs, piece_of_tile = np.unique(seg_of_tile[full], return_inverse=True)
@@ -133,17 +148,13 @@ def _full_pieces(table: TileTable, out: _Pieces, base: int) -> int:
     return m
 
 
-def _partial_pieces(table: TileTable, out: _Pieces, base: int) -> int:
+def _partial_pieces(table: TileTable, a: _TableArrays, out: _Pieces, base: int) -> int:
     """Pieces of the partial tiles (module docstring). Returns the number of pieces added."""
-    cu = table.seg_cu.numpy().astype(np.int64)
-    ptr = table.seg_tile_ptr.numpy().astype(np.int64)
-    k0 = table.tile_k_start.numpy().astype(np.int64)
-    mr = table.tile_mask_row.numpy().astype(np.int64)
-    seg_of_tile = np.repeat(np.arange(table.n_segments), np.diff(ptr))
+    cu, k0, mr, seg_of_tile = a.cu, a.k0, a.mr, a.seg_of_tile
     partial = np.flatnonzero(mr >= 0)
     if partial.size == 0 or table.max_ranges == 0:
         return 0
-    q_len = (cu[1:] - cu[:-1])[seg_of_tile[partial]]
+    q_len = a.seg_len[seg_of_tile[partial]]
     partial, q_len = partial[q_len > 0], q_len[q_len > 0]
     if partial.size == 0:
         return 0
@@ -170,29 +181,22 @@ def _partial_pieces(table: TileTable, out: _Pieces, base: int) -> int:
         starts = np.flatnonzero(live & ~cont)
         if starts.size == 0:
             continue
-        ends = np.empty_like(starts)  # exclusive: the piece runs while rows continue it
-        brk = np.flatnonzero(~cont)   # every non-continuing row ends the piece before it
+        # a piece ends (exclusive) at the next row that does not continue it
+        brk = np.flatnonzero(~cont)
         nxt = np.searchsorted(brk, starts, side="right")
-        ends[:] = np.where(nxt < brk.size, brk[np.minimum(nxt, brk.size - 1)], lo.size)
+        ends = np.where(nxt < brk.size, brk[np.minimum(nxt, brk.size - 1)], lo.size)
         n = ends - starts
         pat = np.where(n > 1, code[np.minimum(starts + 1, lo.size - 1)], 0)  # singles are full pieces
-        last = ends - 1
-        lo0, hi0, hi1 = lo[starts], hi[starts], hi[last]
-        left = np.full(starts.size, -1)
-        right = np.where(pat == 0, -1, 0)
-        left = np.where(pat == 3, hi0 - lo0 - 1, left)
-        rev = (pat == 2).astype(np.int64)
-        k_start = lo0
-        k_len = np.where((pat == 1) | (pat == 3), hi1 - lo0, hi0 - lo0)
+        lo0, hi0, hi1 = lo[starts], hi[starts], hi[ends - 1]
         m = starts.size
         out.q_start.append(q_row[starts])
         out.n.append(n)
-        out.left.append(left)
-        out.right.append(right)
-        out.reverse.append(rev)
+        out.left.append(np.where(pat == 3, hi0 - lo0 - 1, -1))
+        out.right.append(np.where(pat == 0, -1, 0))
+        out.reverse.append((pat == 2).astype(np.int64))
         out.span_piece.append(base + added + np.arange(m))
-        out.span_start.append(k_start)
-        out.span_len.append(k_len)
+        out.span_start.append(lo0)
+        out.span_len.append(np.where((pat == 1) | (pat == 3), hi1 - lo0, hi0 - lo0))
         added += m
     return added
 
@@ -237,8 +241,9 @@ def _expand(starts: np.ndarray, lens: np.ndarray, reverse: np.ndarray) -> np.nda
 def build_schedule(table: TileTable, tq: int, tk: int) -> VarlenSchedule:
     """Rewrite ``table`` (already validated against ``tq`` q rows and ``tk`` keys) as varlen calls."""
     acc = _Pieces()
-    n_full = _full_pieces(table, acc, 0)
-    _partial_pieces(table, acc, n_full)
+    arrays = _TableArrays.of(table)
+    n_full = _full_pieces(arrays, acc, 0)
+    _partial_pieces(table, arrays, acc, n_full)
     p = acc.cat()
     n_pieces = p["n"].size
     calls, rows = [], []
