@@ -184,11 +184,11 @@ def test_cuda_half_inputs_switch_to_varlen(monkeypatch):
     """Executors hand CUDA fp16/bf16 inputs to the varlen kernels when a flash kernel can run them."""
     from dcp.execute import local
 
-    monkeypatch.setattr(local, "_gpu_varlen_available", lambda dtype, device, head_dim: True)
+    monkeypatch.setattr(local, "gpu_varlen_available", lambda dtype, device, head_dim: True)
     adapter = resolve_kernels("auto")
     assert adapter.for_input(torch.bfloat16, torch.device("cuda"), 128).name == "varlen"
     assert adapter.for_input(torch.bfloat16, torch.device("cpu"), 128).name == adapter.kernels.name
-    monkeypatch.setattr(local, "_gpu_varlen_available", lambda dtype, device, head_dim: False)
+    monkeypatch.setattr(local, "gpu_varlen_available", lambda dtype, device, head_dim: False)
     assert adapter.for_input(torch.bfloat16, torch.device("cuda"), 128).name == "reference"
     assert resolve_kernels("reference").for_input(torch.bfloat16, torch.device("cuda"), 128).name == "reference"
 

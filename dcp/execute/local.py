@@ -48,6 +48,9 @@ import numpy as np
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.kernels import get_kernels
+from dcp.kernels.tiles import TileTable
+from dcp.kernels.varlen_ops import gpu_varlen_available
 from dcp.execute.buffers import (BUF, HOME, MSG, DeviceLayout, build_layout, cat_as, nbytes, new_like_rows, pack,
                                  rows_of, unpack)
 from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce, Unit
@@ -74,18 +77,6 @@ class Comm(Protocol):
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     """lse / delta / accumulator dtype: fp64 for fp64 runs, fp32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-@dataclass(frozen=True)
-class FallbackTileTable:
-    """Same fields as ``dcp.kernels.tiles.TileTable`` (used only when dcp.kernels is not importable)."""
-
-    seg_cu: torch.Tensor
-    seg_tile_ptr: torch.Tensor
-    tile_k_start: torch.Tensor
-    tile_k_len: torch.Tensor
-    tile_mask_row: torch.Tensor
-    mask_ranges: torch.Tensor
 
 
 def _dense_mask(tiles, tq: int, tk: int) -> np.ndarray:
@@ -130,7 +121,7 @@ def _dense_mask(tiles, tq: int, tk: int) -> np.ndarray:
 
 
 class FallbackKernels:
-    """Small dense pure-PyTorch tile kernels with the ``dcp.kernels`` interface (stopgap / cross-check).
+    """Small dense pure-PyTorch tile kernels with the ``dcp.kernels`` interface (fp64 runs, cross-check).
 
     Materializes the ``[Tq, Tk]`` mask of the whole stage and computes in fp32 (fp64 for fp64 inputs)."""
 
@@ -228,11 +219,10 @@ class KernelAdapter:
         if self._fp64 is None:
             ok = False
             try:
-                tt = _tile_table_cls()
                 i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-                table = tt(seg_cu=i32([0, 1]), seg_tile_ptr=i32([0, 1]), tile_k_start=i32([0]),
-                           tile_k_len=i32([1]), tile_mask_row=i32([-1]),
-                           mask_ranges=torch.zeros((0, 1, 2), dtype=torch.int32))
+                table = TileTable(seg_cu=i32([0, 1]), seg_tile_ptr=i32([0, 1]), tile_k_start=i32([0]),
+                                  tile_k_len=i32([1]), tile_mask_row=i32([-1]),
+                                  mask_ranges=torch.zeros((0, 1, 2), dtype=torch.int32))
                 x = torch.ones((1, 1, 1), dtype=torch.float64)
                 _, lse = self.kernels.forward(x, x, x, table, 1.0)
                 if lse.dtype == torch.float64:
@@ -252,9 +242,7 @@ class KernelAdapter:
         if dtype == torch.float64 and not isinstance(self.kernels, FallbackKernels) and not self._fp64_capable():
             return _FALLBACK
         if device.type != "cpu" and (self.auto or getattr(self.kernels, "name", "") == "native"):
-            from dcp.kernels import get_kernels
-
-            if head_dim is not None and _gpu_varlen_available(dtype, device, head_dim):
+            if head_dim is not None and gpu_varlen_available(dtype, device, head_dim):
                 return get_kernels("varlen")
             return get_kernels("reference")
         return self.kernels
@@ -263,20 +251,12 @@ class KernelAdapter:
 _FALLBACK = FallbackKernels()
 
 
-def _gpu_varlen_available(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    try:
-        from dcp.kernels.varlen_ops import gpu_varlen_available
-    except ImportError:
-        return False
-    return gpu_varlen_available(dtype, device, head_dim)
-
-
 _ADAPTERS: dict = {}
 
 
 def resolve_kernels(kernels=None) -> KernelAdapter:
-    """``None``/"auto"/"reference"/"native" → ``dcp.kernels.get_kernels(name)`` ("fallback": the small
-    dense kernels here, also used while ``dcp.kernels`` is not importable); objects with ``forward``,
+    """``None``/"auto"/"reference"/"native"/"varlen" → ``dcp.kernels.get_kernels(name)`` ("fallback": the
+    small dense kernels here); objects with ``forward``,
     ``backward`` and ``merge_into`` pass through. Returns a ``KernelAdapter`` (cached per name / object,
     so the fp64 probe runs once)."""
     if isinstance(kernels, KernelAdapter):
@@ -293,22 +273,9 @@ def resolve_kernels(kernels=None) -> KernelAdapter:
         if name == "fallback":
             got = KernelAdapter(_FALLBACK)
         else:
-            try:
-                from dcp.kernels import get_kernels
-            except ImportError:
-                got = KernelAdapter(_FALLBACK)
-            else:
-                got = KernelAdapter(get_kernels(name), auto=name == "auto")
+            got = KernelAdapter(get_kernels(name), auto=name == "auto")
         _ADAPTERS[name] = got
     return got
-
-
-def _tile_table_cls():
-    try:
-        from dcp.kernels.tiles import TileTable
-        return TileTable
-    except ImportError:
-        return FallbackTileTable
 
 
 # ------------------------------------------------------------------------------------ plan tables
@@ -396,7 +363,7 @@ class PlanTables:
         got = self._programs.get(key)
         if got is None:
             ops, starts = self._compile(direction, device)
-            self._layouts[key] = build_layout(self, device, ops, INPUT_KINDS[direction], _tile_table_cls())
+            self._layouts[key] = build_layout(self, device, ops, INPUT_KINDS[direction], TileTable)
             for op in ops:
                 if op.code == "compute":
                     op.calls = self._stages.setdefault((direction, device, op.tiles), op.calls)
