@@ -6,93 +6,25 @@ of outputs and q/k/v gradients. Children report through files; the parent enforc
 """
 from __future__ import annotations
 
-import datetime
 import hashlib
 import os
-import pickle
-import socket
 import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from _spawn import run_ranks
 
 SPAWN_DEADLINE_S = 90.0
 PEER_TIMEOUT_S = 4.0
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_method() -> str:
-    """forkserver (one clean server process imports torch once, children fork from it) where available,
-    else spawn. Never plain fork: this pytest process may already run OpenMP threads."""
-    import multiprocessing
-
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        multiprocessing.get_context("forkserver").set_forkserver_preload(
-            ["torch", "torch.distributed", "numpy", "dcp.execute", "dcp.planner", "dcp.masks.registry"])
-        return "forkserver"
-    return "spawn"
-
-
-def _spawn(world: int, scenario: str, tmp_path, allow_missing: bool = False) -> list:
-    """Run ``scenario`` in ``world`` gloo processes; return each rank's result dict (None for a rank that
-    wrote none, when ``allow_missing``)."""
-    port = _free_port()
-    ctx = mp.start_processes(_worker, args=(world, port, scenario, str(tmp_path)), nprocs=world, join=False,
-                             start_method=_start_method())
-    deadline = time.monotonic() + SPAWN_DEADLINE_S
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{scenario} with {world} processes did not finish in {SPAWN_DEADLINE_S}s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    results = []
-    for r in range(world):
-        path = os.path.join(tmp_path, f"{scenario}-{r}.pkl")
-        if allow_missing and not os.path.exists(path):
-            results.append(None)
-            continue
-        assert os.path.exists(path), f"rank {r} wrote no result"
-        with open(path, "rb") as f:
-            results.append(pickle.load(f))
-    return results
-
-
-_OUTDIR = None
-
-
-def _worker(rank: int, world: int, port: int, scenario: str, outdir: str) -> None:
-    global _OUTDIR
-    _OUTDIR = outdir
-    torch.set_num_threads(1)
-    clean = True
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=30))
-        result, clean = SCENARIOS[scenario](rank, world)
-    except BaseException as err:  # noqa: BLE001 - reported to the parent
-        result, clean = {"crash": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}, False
-    if result is not None:
-        with open(os.path.join(outdir, f"{scenario}-{rank}.pkl.tmp"), "wb") as f:
-            pickle.dump(result, f)
-        os.replace(os.path.join(outdir, f"{scenario}-{rank}.pkl.tmp"), os.path.join(outdir, f"{scenario}-{rank}.pkl"))
-    if clean:
-        dist.barrier()
-        dist.destroy_process_group()
-    else:
-        os._exit(0)  # a broken process group may hang in its destructor
+def _spawn(world: int, scenario, tmp_path) -> list:
+    """Run ``scenario(rank, world)`` in ``world`` gloo processes; each rank's result dict."""
+    return run_ranks(scenario, world, tmp_path, deadline_s=SPAWN_DEADLINE_S, check=False)
 
 
 def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seqlens=(23, 6, 17, 1)):
@@ -209,7 +141,7 @@ def _scenario_bad_inputs(rank, world):
     return out, True
 
 
-def _peer_failure(rank, world, how):
+def _peer_failure(rank, world, how, outdir):
     import dcp
 
     plan = _build(world, "causal")
@@ -222,7 +154,7 @@ def _peer_failure(rank, world, how):
         # stall (alive, silent) until the others have given up, then leave
         give_up = time.monotonic() + PEER_TIMEOUT_S + 20
         while time.monotonic() < give_up and not all(
-                os.path.exists(os.path.join(_OUTDIR, f"peer_stall-{r}.pkl")) for r in range(world - 1)):
+                os.path.exists(os.path.join(outdir, f"_peer_failure-{r}.pkl")) for r in range(world - 1)):
             time.sleep(0.2)
         return {"stalled": True}, False
     start = time.monotonic()
@@ -235,14 +167,6 @@ def _peer_failure(rank, world, how):
     return res, False
 
 
-SCENARIOS = {
-    "correct": _scenario_correct,
-    "bad_inputs": _scenario_bad_inputs,
-    "peer_exit": lambda r, w: _peer_failure(r, w, "exit"),
-    "peer_stall": lambda r, w: _peer_failure(r, w, "stall"),
-}
-
-
 # -------------------------------------------------------------------------------------------- tests
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is required")
@@ -251,7 +175,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """One 2-process run: bad inputs first (before any transfer), then the correctness configs."""
-    return _spawn(2, "bad_inputs", tmp_path_factory.mktemp("two_ranks"))
+    return _spawn(2, _scenario_bad_inputs, tmp_path_factory.mktemp("two_ranks"))
 
 
 def _check_correct(results):
@@ -276,7 +200,7 @@ def test_distributed_matches_dense(world, tmp_path, request):
             assert "crash" not in res, res.get("crash")
         _check_correct([res["correct"] for res in results])
     else:
-        _check_correct(_spawn(world, "correct", tmp_path))
+        _check_correct(_spawn(world, _scenario_correct, tmp_path))
 
 
 def test_bad_inputs_raise_before_any_transfer(two_ranks):
@@ -294,7 +218,8 @@ def test_bad_inputs_raise_before_any_transfer(two_ranks):
 @pytest.mark.parametrize("how", ["exit", "stall"])
 def test_failed_peer_raises_within_timeout(how, tmp_path):
     world = 3
-    results = _spawn(world, f"peer_{how}", tmp_path, allow_missing=True)
+    results = run_ranks(_peer_failure, world, tmp_path, how, str(tmp_path), deadline_s=SPAWN_DEADLINE_S,
+                        allow_missing=True, check=False)
     if how == "exit":
         assert results[-1] is None and all(r is not None for r in results[:-1]), results
     survivors = [r for r in results if r is not None and "stalled" not in r]

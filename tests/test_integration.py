@@ -6,18 +6,13 @@ worker imports this module by name, as the parent's ``sys.path`` is handed to it
 """
 from __future__ import annotations
 
-import datetime
-import os
-import pickle
-import socket
 import time
-import traceback
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _spawn import run_ranks
 
 import dcp
 from dcp.integration import (DCPAttention, DCPLoader, InlinePlanner, PlanCache, PlanMismatchError,
@@ -180,84 +175,55 @@ def test_dcp_attention_single_process_matches_dense():
 
 
 # ------------------------------------------------------------------------------------------ 4 processes
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _dist_worker(rank: int, world: int, port: int, outdir: str) -> None:
-    torch.set_num_threads(1)
+def _dist_worker(rank: int, world: int) -> dict:
     out = {}
+    torch.set_num_threads(1)
+    cluster = dcp.Cluster(1, world)
+    lengths = [70, 33, 400, 120, 64, 70, 33, 120, 64, 90, 15]  # 400 > budget: rejected on every rank
+    samples = _samples(lengths, seed=1)
+    loader = _loader(samples, cluster=cluster, budget=287, mode="process")
+    rows = []
+    for b in loader:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, b.plan_digest)
+        assert len(set(gathered)) == 1, f"ranks ran different plans: {gathered}"
+        g = pack_positions_labels([np.asarray(samples[int(s[1:])].tokens) for s in b.sample_ids])
+        idx = b.plan.local_token_index(rank)
+        for mine, glob in zip((b.tokens, b.positions, b.labels), g):
+            assert np.array_equal(mine.numpy(), glob[idx])
+        rows.append((b.sample_ids, b.plan_digest, b.cache_hit, b.waited_s))
+    out["rows"] = rows
+    out["history"] = loader.history
+    out["rejected"] = [e.sample_id for e in loader.rejected]
+    # DCPAttention over gloo with a loader plan: this rank's rows of dense attention
+    plan = CachedPlan.from_bytes(dcp.plan(dcp.BatchSpec([50, 77], CausalMask(), 4, 2, 8, "float64"), cluster,
+                                          FAST).to_bytes()).plan
+    gen = torch.Generator().manual_seed(3)
+    qg, kg, vg = (torch.randn(127, h, 8, dtype=torch.float64, generator=gen) for h in (4, 2, 2))
+    idx = torch.from_numpy(plan.local_token_index(rank))
+    q, k, v = (x[idx].clone().requires_grad_() for x in (qg, kg, vg))
+    o = DCPAttention(timeout=20)(q, k, v, plan)
+    torch.testing.assert_close(o, dcp.reference_attention(qg, kg, vg, plan.spec)[idx], rtol=1e-10, atol=1e-10)
+    o.sum().backward()
+    out["attention"] = "ok"
+    # a planner failure on rank 0 becomes a PlanningError on every rank
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=40))
-        cluster = dcp.Cluster(1, world)
-        lengths = [70, 33, 400, 120, 64, 70, 33, 120, 64, 90, 15]  # 400 > budget: rejected on every rank
-        samples = _samples(lengths, seed=1)
-        loader = _loader(samples, cluster=cluster, budget=287, mode="process")
-        rows = []
-        for b in loader:
-            gathered = [None] * world
-            dist.all_gather_object(gathered, b.plan_digest)
-            assert len(set(gathered)) == 1, f"ranks ran different plans: {gathered}"
-            g = pack_positions_labels([np.asarray(samples[int(s[1:])].tokens) for s in b.sample_ids])
-            idx = b.plan.local_token_index(rank)
-            for mine, glob in zip((b.tokens, b.positions, b.labels), g):
-                assert np.array_equal(mine.numpy(), glob[idx])
-            rows.append((b.sample_ids, b.plan_digest, b.cache_hit, b.waited_s))
-        out["rows"] = rows
-        out["history"] = loader.history
-        out["rejected"] = [e.sample_id for e in loader.rejected]
-        # DCPAttention over gloo with a loader plan: this rank's rows of dense attention
-        plan = CachedPlan.from_bytes(dcp.plan(dcp.BatchSpec([50, 77], CausalMask(), 4, 2, 8, "float64"), cluster,
-                                              FAST).to_bytes()).plan
-        gen = torch.Generator().manual_seed(3)
-        qg, kg, vg = (torch.randn(127, h, 8, dtype=torch.float64, generator=gen) for h in (4, 2, 2))
-        idx = torch.from_numpy(plan.local_token_index(rank))
-        q, k, v = (x[idx].clone().requires_grad_() for x in (qg, kg, vg))
-        o = DCPAttention(timeout=20)(q, k, v, plan)
-        torch.testing.assert_close(o, dcp.reference_attention(qg, kg, vg, plan.spec)[idx], rtol=1e-10, atol=1e-10)
-        o.sum().backward()
-        out["attention"] = "ok"
-        # a planner failure on rank 0 becomes a PlanningError on every rank
-        try:
-            list(_loader(_samples([30, 40]), cluster=cluster, mode="process", plan_fn=_failing_plan))
-            out["failure"] = "no error"
-        except PlanningError as err:
-            out["failure"] = str(err)
-        # ranks that read different data: PlanMismatchError on every rank
-        try:
-            list(_loader(_samples([30, 40 + (rank == 2)]), cluster=cluster, mode="inline"))
-            out["mismatch"] = "no error"
-        except PlanMismatchError as err:
-            out["mismatch"] = str(err)
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as err:  # noqa: BLE001 - reported to the parent
-        out["crash"] = f"{type(err).__name__}: {err}\n{traceback.format_exc()}"
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
+        list(_loader(_samples([30, 40]), cluster=cluster, mode="process", plan_fn=_failing_plan))
+        out["failure"] = "no error"
+    except PlanningError as err:
+        out["failure"] = str(err)
+    # ranks that read different data: PlanMismatchError on every rank
+    try:
+        list(_loader(_samples([30, 40 + (rank == 2)]), cluster=cluster, mode="inline"))
+        out["mismatch"] = "no error"
+    except PlanMismatchError as err:
+        out["mismatch"] = str(err)
+    return out
 
 
 def test_four_ranks_share_one_plan(tmp_path):
     world = 4
-    ctx = mp.start_processes(_dist_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + SPAWN_DEADLINE_S
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, "the distributed loader test did not finish in time"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    outs = []
-    for r in range(world):
-        with open(tmp_path / f"rank{r}.pkl", "rb") as f:
-            outs.append(pickle.load(f))
-    for r, out in enumerate(outs):
-        assert "crash" not in out, f"rank {r}: {out['crash']}"
+    outs = run_ranks(_dist_worker, world, tmp_path, deadline_s=SPAWN_DEADLINE_S, group_timeout_s=40.0)
     ids = [[row[0] for row in out["rows"]] for out in outs]
     assert all(x == ids[0] for x in ids)
     assert [s for batch in ids[0] for s in batch] == [f"s{i}" for i in range(11) if i != 2]

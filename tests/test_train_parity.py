@@ -8,17 +8,9 @@ loss by the GLOBAL label count and sums gradients over ranks. So, up to floating
 """
 from __future__ import annotations
 
-import datetime
-import os
-import pickle
-import socket
-import time
-import traceback
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from _spawn import run_ranks
 
 from experiments.train_gpt import TrainConfig, train
 
@@ -29,46 +21,10 @@ CFG = TrainConfig(steps=STEPS, seed=7, tokens_per_batch=512, layers=2, dim=32, h
 SPAWN_DEADLINE_S = 80.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank: int, world: int, port: int, outdir: str, cfg: TrainConfig) -> None:
-    out = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
-        res = train(cfg, rank, world)
-        out = {"losses": res.losses, "grads": res.grads[0], "local_tokens": [r["local_tokens"] for r in res.records],
-               "tokens": [r["tokens"] for r in res.records], "waited": [r["waited"] for r in res.records]}
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as err:  # noqa: BLE001 - reported to the parent
-        out = {"crash": f"{type(err).__name__}: {err}\n{traceback.format_exc()}"}
-    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
-        pickle.dump(out, f)
-
-
-def _run_distributed(world: int, tmp_path, cfg: TrainConfig) -> list[dict]:
-    ctx = mp.start_processes(_rank_main, args=(world, _free_port(), str(tmp_path), cfg), nprocs=world,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + SPAWN_DEADLINE_S
-    try:
-        while not ctx.join(timeout=1.0):
-            assert time.monotonic() < deadline, f"{world}-process training did not finish in {SPAWN_DEADLINE_S}s"
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    outs = []
-    for r in range(world):
-        with open(tmp_path / f"rank{r}.pkl", "rb") as f:
-            out = pickle.load(f)
-        assert "crash" not in out, f"rank {r}: {out['crash']}"
-        outs.append(out)
-    return outs
+def _rank_main(rank: int, world: int, cfg: TrainConfig) -> dict:
+    res = train(cfg, rank, world)
+    return {"losses": res.losses, "grads": res.grads[0], "local_tokens": [r["local_tokens"] for r in res.records],
+            "tokens": [r["tokens"] for r in res.records], "waited": [r["waited"] for r in res.records]}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +34,7 @@ def single():
 
 
 def test_four_processes_match_one_process(tmp_path, single):
-    outs = _run_distributed(4, tmp_path, CFG)
+    outs = run_ranks(_rank_main, 4, tmp_path, CFG, deadline_s=SPAWN_DEADLINE_S, group_timeout_s=60.0)
     base = single.losses
     assert len(base) == STEPS and base[-1] < base[0]
     for r, out in enumerate(outs):
