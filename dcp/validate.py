@@ -1,7 +1,8 @@
-"""The plan validator: proves a plan's invariants by simulating every device's program in lockstep.
+"""The plan validator: proves that a plan computes its batch's attention, and runs without deadlock.
 
-Checked, per direction (forward, backward):
-- placement arrays are well formed, and the tiles cover exactly the mask's area (per sequence);
+First the static checks (``dcp.validate_arrays``): the layout covers the batch, the tiles are exactly
+those the masks give (which pairs, which masked area, which are full), every index is in range. Then
+every device's program is simulated in lockstep, per direction (forward, backward):
 - every tile runs exactly once, on its assigned device, after all its inputs are present there;
 - every device launches and waits the same rounds, in order, each launch before its wait;
 - every send has a matching receive of the same unit between the same devices in the same round,
@@ -20,6 +21,7 @@ import numpy as np
 from dcp.errors import PlanValidationError
 from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
 from dcp.units import Kind
+from dcp.validate_arrays import check_arrays, check_instructions
 
 _IN = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 _OUT = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))}  # (kind, 0: q side / 1: kv side)
@@ -38,40 +40,16 @@ class _Problems:
             raise PlanValidationError("plan is invalid:\n  " + "\n  ".join(self.items))
 
 
-def validate(plan: Plan, check_area: bool = True) -> None:
+def validate(plan: Plan) -> None:
     """Raise ``PlanValidationError`` listing the first problems found; return None for a valid plan."""
     pb = _Problems()
-    _check_arrays(plan, pb, check_area)
+    check_arrays(plan, pb)
     pb.raise_if_any()
     for direction in ("forward", "backward"):
+        check_instructions(plan, direction, pb)
+        pb.raise_if_any()
         _check_program(plan, direction, pb)
         pb.raise_if_any()
-
-
-def _check_arrays(plan: Plan, pb: _Problems, check_area: bool) -> None:
-    n_dev, lay, tiles = plan.n_devices, plan.layout, plan.tiles
-    if plan.home.shape != (lay.n_token_blocks,):
-        pb.add(f"home has shape {plan.home.shape}, expected ({lay.n_token_blocks},)")
-    elif lay.n_token_blocks and (plan.home.min() < 0 or plan.home.max() >= n_dev):
-        pb.add("a token block's home is not a device of the cluster")
-    for name in ("tile_device", "tile_stage"):
-        arr = getattr(plan, name)
-        if arr.shape != (tiles.n_tiles,):
-            pb.add(f"{name} has shape {arr.shape}, expected ({tiles.n_tiles},)")
-    if tiles.n_tiles and (plan.tile_device.min() < 0 or plan.tile_device.max() >= n_dev):
-        pb.add("a tile is assigned to a device outside the cluster")
-    if int(lay.tb_len.sum()) != plan.spec.total_tokens:
-        pb.add(f"token blocks hold {int(lay.tb_len.sum())} tokens, the batch has {plan.spec.total_tokens}")
-    for name, prog in (("forward", plan.forward), ("backward", plan.backward)):
-        if len(prog) != n_dev or any(p.device != d for d, p in enumerate(prog)):
-            pb.add(f"{name} program must list devices 0..{n_dev - 1} in order")
-    if check_area and not pb.items:
-        area = np.bincount(lay.tb_seq[tiles.q_tb], weights=tiles.unmasked, minlength=plan.spec.num_seqs)
-        for s in range(plan.spec.num_seqs):
-            r = plan.spec.kv_ranges(s)
-            want = int((r[:, :, 1] - r[:, :, 0]).sum()) * lay.n_head_blocks
-            if int(area[s]) != want:
-                pb.add(f"sequence {s}: tiles cover {int(area[s])} (q, kv, head block) pairs, mask has {want}")
 
 
 _MASK64 = (1 << 64) - 1
