@@ -77,7 +77,8 @@ setup(
     extras_require={
         "gpu": ["flash-attn"],
         "bench": ["matplotlib", "tqdm"],
-        "test": ["pytest", "hypothesis"],
+        "hf": ["transformers>=4.56.2,<5.24"],  # dcp.integration.hf.SUPPORTED_TRANSFORMERS: the tested range
+        "test": ["pytest", "hypothesis", "transformers>=4.56.2,<5.24"],
     },
     entry_points={"console_scripts": ["dcp = dcp.cli:main"]},
     ext_modules=ext_modules,

@@ -1,0 +1,271 @@
+"""Hugging Face ``transformers``: dcp as an attention implementation of unmodified causal LMs.
+
+    from dcp.integration import hf as dcp_hf
+    dcp_hf.register()                                                       # once per process: "dcp" exists
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dcp")  # or model.set_attn_implementation("dcp")
+    loader = DCPLoader(samples, dcp.Cluster(1, world), planner_config, token_budget, **dcp_hf.batch_geometry(model))
+    for batch in loader:
+        loss = model(**dcp_hf.model_inputs(batch)).loss    # this rank's summed token loss / GLOBAL label count
+        loss.backward()
+        dcp_hf.sum_gradients(model)                         # replicated parameters: sum over ranks
+        opt.step(); opt.zero_grad()
+
+Each rank feeds the model its home tokens in transformers' padding-free layout: ``input_ids`` and
+``position_ids`` ``[1, n_local]`` (positions restart at 0 per sequence, so RoPE sees each token's position in
+its own sequence), plus the batch's plan as the extra model argument ``dcp_plan``; transformers hands
+unknown keyword arguments down to the attention function. Embeddings, norms, MLPs and the LM head run per
+rank on the home tokens; only attention moves data, as the plan says. The masks are the plan's (one per
+sequence, from the loader's ``Sample.mask``; causal by default), so no dense mask is ever built.
+
+The registered function checks what it is given against the plan, per call, with a named error each:
+``PackedInputError`` for a batch dimension other than 1, a row count or ``position_ids`` that are not this
+rank's share of the plan (e.g. positions left to transformers' default ``arange``), ``cu_seq_lens_q``/``_k``
+that do not describe the plan's sequences, or an ``attention_mask`` tensor (the plan carries the masks);
+``UnsupportedAttentionError`` for what dcp does not compute (attention dropout, logit soft-capping,
+attention sinks, a layer's sliding window that the plan's masks do not express).
+
+The tested ``transformers`` versions are ``SUPPORTED_TRANSFORMERS``; ``register`` raises
+``UnsupportedTransformersError`` for any other (``check_transformers_version``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dcp.errors import DcpError
+from dcp.integration.loader import DCPBatch
+from dcp.integration.module import DCPAttention
+from dcp.masks import CausalMask, ranges_to_dense
+from dcp.plan import Plan
+from dcp.spec import BatchSpec
+
+# setup.py's "hf" and "test" extras pin the same range. The tests passed on 4.56.2, 4.57.6, 5.0.0 and 5.23.0
+# (4.53.3 lacks ``set_attn_implementation``); a later minor version joins once they pass on it.
+SUPPORTED_TRANSFORMERS = (">=4.56.2", "<5.24")
+PLAN_KWARG = "dcp_plan"
+# attention-function arguments of features dcp does not compute: a value other than None is refused
+_UNSUPPORTED_KWARGS = {"softcap": "logit soft-capping", "s_aux": "attention sinks"}
+
+
+class UnsupportedTransformersError(DcpError, ImportError):
+    """``transformers`` is missing or outside ``SUPPORTED_TRANSFORMERS``."""
+
+
+class PackedInputError(DcpError, ValueError):
+    """The model was not fed this rank's share of the plan's packed batch (see ``model_inputs``)."""
+
+
+class UnsupportedAttentionError(DcpError, ValueError):
+    """The model's attention asks for something dcp does not compute (dropout, soft-capping, sinks, a window)."""
+
+
+def check_transformers_version(version: str | None = None) -> str:
+    """The installed (or given) ``transformers`` version if ``SUPPORTED_TRANSFORMERS`` admits it, else raise."""
+    if version is None:
+        try:
+            import transformers
+        except ImportError as err:
+            raise UnsupportedTransformersError("dcp.integration.hf needs transformers: pip install 'dcp[hf]'") from err
+        version = transformers.__version__
+    from packaging.version import InvalidVersion, Version
+
+    low, high = (Version(s.lstrip("<>=")) for s in SUPPORTED_TRANSFORMERS)
+    try:
+        parsed = Version(version)
+    except InvalidVersion as err:
+        raise UnsupportedTransformersError(f"cannot parse the transformers version {version!r}") from err
+    if not low <= Version(parsed.base_version) < high:  # base_version: 5.24.0.dev0 counts as 5.24
+        raise UnsupportedTransformersError(
+            f"transformers {version} is not supported by dcp.integration.hf (tested range "
+            f"{','.join(SUPPORTED_TRANSFORMERS)}): pip install 'transformers{','.join(SUPPORTED_TRANSFORMERS)}'")
+    return version
+
+
+def packed_positions(spec: BatchSpec) -> np.ndarray:
+    """int64 ``[T]``: each packed token's position within its own sequence (0, 1, ..., L-1 per sequence)."""
+    cu = spec.cu_seqlens
+    return np.arange(spec.total_tokens, dtype=np.int64) - np.repeat(cu[:-1], spec.seqlens)
+
+
+class HFDCPAttention:
+    """The function registered in transformers' ``AttentionInterface`` (see ``register``).
+
+    Called by every attention layer as ``fn(module, query, key, value, attention_mask, scaling=,
+    dropout=, **kwargs)`` with ``query [1, Hq, n, D]``, ``key``/``value [1, Hkv, n, D]`` (RoPE applied, GQA
+    not repeated) and returns ``(attn_output [1, n, Hq, D], None)``. ``kwargs[PLAN_KWARG]`` is the plan.
+    Runs ``DCPAttention(group, mode=..., kernels=..., timeout=..., validate=...)`` at the layer's scale.
+    """
+
+    def __init__(self, group=None, *, mode: str = "auto", kernels=None, timeout: float | None = None,
+                 validate: bool = False):
+        self._settings = dict(group=group, mode=mode, kernels=kernels, timeout=timeout, validate=validate)
+        self._by_scale: dict[float | None, DCPAttention] = {}
+        self._rows: tuple[Plan, torch.Tensor] | None = None  # the last plan and its rows' positions
+
+    def attention(self, scale: float | None) -> DCPAttention:
+        """The ``DCPAttention`` for softmax scale ``scale`` (layers of one model share it)."""
+        if scale not in self._by_scale:
+            self._by_scale[scale] = DCPAttention(scale=scale, **self._settings)
+        return self._by_scale[scale]
+
+    def _home_positions(self, attn: DCPAttention, plan: Plan, device: torch.device) -> torch.Tensor:
+        """int64 ``[n]`` positions of the rows this process runs: its home tokens, or the whole batch when
+        one process runs a multi-device plan (``DCPAttention`` mode "single_process")."""
+        cached = self._rows
+        if cached is not None and cached[0] is plan and cached[1].device == device:
+            return cached[1]
+        positions = packed_positions(plan.spec)
+        if attn.resolved_mode() == "distributed":
+            positions = positions[plan.local_token_index(dist.get_rank(attn.group))]
+        elif plan.n_devices == 1:
+            positions = positions[plan.local_token_index(0)]
+        home = torch.from_numpy(positions).to(device)
+        self._rows = (plan, home)
+        return home
+
+    def _check(self, attn: DCPAttention, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, kwargs: dict) -> Plan:
+        plan = kwargs.get(PLAN_KWARG)
+        if not isinstance(plan, Plan):
+            raise PackedInputError(f"the 'dcp' attention needs the batch's plan: call the model with "
+                                   f"{PLAN_KWARG}=batch.plan (dcp.integration.hf.model_inputs(batch) does), got "
+                                   f"{type(plan).__name__}")
+        if query.dim() != 4 or query.shape[0] != 1:
+            raise PackedInputError(f"the 'dcp' attention takes one packed row per rank (batch size 1, "
+                                   f"input_ids [1, n]); got query {list(query.shape)}")
+        if key.shape[2] != query.shape[2]:
+            raise PackedInputError(f"the 'dcp' attention runs training steps: keys ({key.shape[2]}) and queries "
+                                   f"({query.shape[2]}) must be the same tokens (no KV cache; pass use_cache=False)")
+        if attention_mask is not None:
+            raise PackedInputError("the 'dcp' attention takes its masks from the plan: pass no attention_mask "
+                                   f"(got a tensor of shape {list(getattr(attention_mask, 'shape', []))})")
+        if dropout:
+            raise UnsupportedAttentionError(f"attention dropout {dropout} is not computed by dcp: set the config's "
+                                            "attention_dropout to 0")
+        for key, what in _UNSUPPORTED_KWARGS.items():
+            if kwargs.get(key) is not None:
+                raise UnsupportedAttentionError(f"{what} ({key}={kwargs[key]!r}) is not computed by dcp")
+        window = kwargs.get("sliding_window")
+        if window is not None:
+            _check_window(plan.spec, int(window))
+        for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            cu = kwargs.get(key)
+            if cu is not None and not np.array_equal(cu.detach().cpu().numpy().reshape(-1), plan.spec.cu_seqlens):
+                raise PackedInputError(f"{key} does not describe the plan's sequences (lengths "
+                                       f"{plan.spec.seqlens[:8]}...): give the whole packed batch's cu_seqlens or none")
+        home = self._home_positions(attn, plan, query.device)
+        if query.shape[2] != home.numel():
+            raise PackedInputError(f"the model got {query.shape[2]} tokens; this process runs {home.numel()} rows "
+                                   f"of the plan: feed the batch's tokens (input_ids=batch.tokens[None])")
+        position_ids = kwargs.get("position_ids")
+        if position_ids is not None and not torch.equal(position_ids.reshape(-1).to(home.device), home):
+            raise PackedInputError("position_ids are not the batch's per-sequence positions of this rank's tokens: "
+                                   "pass position_ids=batch.positions[None] (without them transformers numbers the "
+                                   "rank's tokens 0..n-1 and RoPE rotates them wrongly)")
+        return plan
+
+    def __call__(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                 **kwargs) -> tuple[torch.Tensor, None]:
+        attn = self.attention(None if scaling is None else float(scaling))
+        plan = self._check(attn, query, key, attention_mask, dropout, kwargs)
+        q_thd, k_thd, v_thd = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [n, H, D]
+        o_thd = attn(q_thd, k_thd, v_thd, plan)
+        return o_thd.unsqueeze(0), None  # [1, n, Hq, D]: transformers flattens the heads itself
+
+
+def _check_window(spec: BatchSpec, window: int) -> None:
+    """A layer with a sliding window of ``window`` keys (itself included) needs the plan's masks to be that
+    window: ``SlidingWindowMask(window)``, or a causal mask on a sequence no longer than the window."""
+    from dcp.masks import SlidingWindowMask
+
+    for i, (mask, length) in enumerate(zip(spec.masks, spec.seqlens)):
+        if mask == SlidingWindowMask(window) or (isinstance(mask, CausalMask) and length <= window):
+            continue
+        raise UnsupportedAttentionError(
+            f"the layer attends through a sliding window of {window} tokens, the plan's sequence {i} (length "
+            f"{length}) has {mask!r}: give the loader samples with dcp.masks.SlidingWindowMask({window})")
+
+
+def register(name: str = "dcp", group=None, *, mode: str = "auto", kernels=None, timeout: float | None = None,
+             validate: bool = False) -> HFDCPAttention:
+    """Register dcp in transformers' ``AttentionInterface`` under ``name`` and return the registered function.
+
+    Afterwards ``from_pretrained``/``from_config(..., attn_implementation=name)`` and
+    ``model.set_attn_implementation(name)`` select it. ``group``, ``mode``, ``kernels``, ``timeout`` and
+    ``validate`` go to ``DCPAttention``. Registering a name again replaces its function. No mask function is
+    registered on purpose: transformers then builds no mask for this implementation (the plan holds them).
+    """
+    check_transformers_version()
+    from transformers import AttentionInterface
+
+    fn = HFDCPAttention(group, mode=mode, kernels=kernels, timeout=timeout, validate=validate)
+    AttentionInterface.register(name, fn)
+    return fn
+
+
+def model_inputs(batch: DCPBatch) -> dict:
+    """Keyword arguments of a transformers causal LM for one rank's share of a ``DCPBatch``.
+
+    ``input_ids``, ``position_ids``, ``labels`` and ``shift_labels`` are ``[1, n_local]``. The loader's labels
+    are already next-token labels (each sequence's last token ignored), so they go in as ``shift_labels``
+    (transformers' loss then does not shift); ``labels`` is the same tensor, as the models compute a loss
+    only when it is given. ``num_items_in_batch`` is the whole batch's label count, so ``.loss`` is this
+    rank's summed token loss over the GLOBAL count and the ranks' losses sum to the batch mean.
+    ``use_cache`` is False: a training step needs no KV cache.
+    """
+    labels = batch.labels[None]
+    return {"input_ids": batch.tokens[None], "position_ids": batch.positions[None], "labels": labels,
+            "shift_labels": labels, "num_items_in_batch": batch.num_label_tokens, "use_cache": False,
+            PLAN_KWARG: batch.plan}
+
+
+def batch_geometry(model_or_config) -> dict:
+    """``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype`` of a transformers model (its parameters' dtype)
+    or config (its ``dtype``, else float32): the attention geometry ``DCPLoader`` plans for."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    if isinstance(model_or_config, nn.Module):
+        dtype = next(model_or_config.parameters()).dtype
+    else:
+        dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.float32
+    return {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
+            "dtype": str(dtype).replace("torch.", "")}
+
+
+def sum_gradients(model: nn.Module, group=None) -> None:
+    """Sum every parameter's gradient over the ranks of ``group`` (one flat all-reduce; no-op on one rank).
+
+    With ``model_inputs``' loss (local sum / global count) the sum is the gradient of the batch mean. Not
+    an average, so not ``DistributedDataParallel``, which divides by the world size and would also
+    interleave its collectives with dcp's transfers during the backward.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for p, summed in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+        p.grad = summed
+
+
+def dense_attention_mask(spec: BatchSpec, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    """Additive ``[1, 1, T, T]`` mask of the whole packed batch (0 allowed, dtype's min elsewhere), block
+    diagonal by sequence, each block the sequence's dcp mask: for checking dcp against transformers'
+    eager/SDPA attention on one process (pass it as ``attention_mask``). O(T^2) memory: tests only."""
+    allowed_tt = torch.zeros(spec.total_tokens, spec.total_tokens, dtype=torch.bool)
+    cu = spec.cu_seqlens
+    for s in range(spec.num_seqs):
+        a, b = int(cu[s]), int(cu[s + 1])
+        allowed_tt[a:b, a:b] = torch.from_numpy(ranges_to_dense(spec.kv_ranges(s), b - a))
+    mask_tt = torch.zeros(allowed_tt.shape, dtype=dtype).masked_fill_(~allowed_tt, torch.finfo(dtype).min)
+    return mask_tt[None, None].to(device) if device is not None else mask_tt[None, None]
+
+
+__all__ = ["register", "model_inputs", "batch_geometry", "sum_gradients", "dense_attention_mask", "packed_positions",
+           "check_transformers_version", "HFDCPAttention", "SUPPORTED_TRANSFORMERS", "PLAN_KWARG",
+           "UnsupportedTransformersError", "PackedInputError", "UnsupportedAttentionError"]

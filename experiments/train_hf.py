@@ -1,0 +1,252 @@
+"""Fine-tune a Hugging Face transformers causal LM, built from a config, on synthetic packed data with dcp.
+
+    python experiments/train_hf.py --family llama --steps 20                     # 1 process, dcp attention
+    python experiments/train_hf.py --family qwen2 --attn sdpa --steps 20         # 1 process, transformers' own
+    torchrun --nproc-per-node 4 experiments/train_hf.py --family qwen2 --mask lambda:sink=4,window=64
+
+The model is ``AutoModelForCausalLM.from_config`` of a small Llama- or Qwen2-style config written below
+(random init, nothing downloaded); its code is transformers' own, unmodified. With ``--attn dcp`` each
+process is one plan device (gloo on CPU, NCCL on GPU): ``DCPLoader`` forms and plans token-budget batches,
+the model runs on the rank's home tokens through ``dcp.integration.hf`` (7 lines differ from the reference
+loop below), and the ranks' gradients are summed. With ``--attn sdpa|eager`` (one process) the same batches
+go through transformers' own padding-free path instead: ``DataCollatorWithFlattening`` packs the batch's
+sequences, and a batch with non-causal masks gets them as a dense additive 4-D mask. That is the
+reference the parity tests compare dcp against.
+
+Masks: ``--mask NAME[:key=value,...]``, repeatable; samples take the masks in turn (one mask per sequence).
+Data: ``experiments.train_gpt.synthetic_samples`` (phrase chains, half with a repeated n-gram).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+if __package__ in (None, ""):  # run as a script: make ``dcp`` and ``experiments`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dcp  # noqa: E402
+from dcp.integration import DCPBatch, DCPLoader, Sample, WorkerConfig  # noqa: E402
+from dcp.integration import hf as dcp_hf  # noqa: E402
+from experiments.train_gpt import SMALL_MASK_DEFAULTS, TrainConfig, TrainResult, synthetic_samples  # noqa: E402
+
+FAMILIES = ("llama", "qwen2")
+ATTENTIONS = ("dcp", "sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class HFTrainConfig:
+    """One run (the command-line flags; see ``parse_args``)."""
+
+    family: str = "llama"
+    attn: str = "dcp"  # dcp | sdpa | eager (the last two: one process, transformers' own attention)
+    steps: int = 20
+    seed: int = 0
+    tokens_per_batch: int = 1024
+    layers: int = 2
+    hidden: int = 64
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    vocab: int = 256
+    block_size: int = 64
+    masks: tuple = ("causal",)  # "name" or "name:key=value,..." per sample, in turn
+    distribution: str = "megatron_mock"
+    length_scale: float = 0.25
+    min_len: int = 8
+    lr: float = 1e-3
+    dtype: str = "float32"
+    planner: str = "process"  # process | inline
+    lookahead: int = 1
+    kernels: str | None = None
+    peer_timeout_s: float | None = 120.0
+    threads: int | None = None
+    grad_steps: tuple = ()  # steps whose (summed) gradients are returned in TrainResult.grads
+    log_json: str | None = None
+    quiet: bool = False
+
+
+# --------------------------------------------------------------------------------------------- model, data
+def model_config(cfg: HFTrainConfig):
+    """A small transformers config of ``cfg.family``: Llama (untied head, no biases) or Qwen2 (q/k/v biases,
+    tied embeddings), both RoPE + GQA + SwiGLU + RMSNorm."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+                  num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+                  max_position_embeddings=max(2048, cfg.tokens_per_batch), attention_dropout=0.0)
+    if cfg.family == "llama":
+        return LlamaConfig(**common, tie_word_embeddings=False)
+    if cfg.family == "qwen2":
+        return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
+    raise SystemExit(f"--family must be one of {FAMILIES}, got {cfg.family!r}")
+
+
+def parse_mask(text: str) -> dcp.masks.Mask:
+    """``"lambda"`` or ``"lambda:sink=4,window=16"`` -> a dcp mask (defaults sized for short sequences)."""
+    name, _, args = text.partition(":")
+    params = dict(SMALL_MASK_DEFAULTS.get(name, {}))
+    for item in filter(None, args.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"mask parameters are key=value, got {item!r} in {text!r}")
+        params[key] = value
+    return dcp.masks.from_cli(name, **params)
+
+
+def samples(cfg: HFTrainConfig) -> Iterator[Sample]:
+    """The seed-determined synthetic stream, identical on every rank, each sample with the next mask in turn."""
+    masks = [parse_mask(m) for m in cfg.masks]
+    data = TrainConfig(seed=cfg.seed, vocab=cfg.vocab, distribution=cfg.distribution, length_scale=cfg.length_scale,
+                       min_len=cfg.min_len)
+    for i, s in enumerate(synthetic_samples(data)):
+        yield Sample(s.tokens, masks[i % len(masks)], s.sample_id)
+
+
+def reference_inputs(batch: DCPBatch, dtype: torch.dtype) -> dict:
+    """The whole batch of a one-process loader as transformers packs it without dcp: its sequences through
+    ``DataCollatorWithFlattening`` (input_ids/position_ids/labels ``[1, T]``, labels shifted inside the model),
+    plus a dense additive ``[1, 1, T, T]`` mask when a sequence's mask is not causal."""
+    from transformers import DataCollatorWithFlattening
+
+    plan = batch.plan
+    if plan.n_devices != 1 or not np.array_equal(plan.local_token_index(0), np.arange(batch.num_tokens)):
+        raise ValueError("reference inputs need the whole batch in packing order (a one-process loader)")
+    sequences = np.split(batch.tokens.cpu().numpy(), plan.spec.cu_seqlens[1:-1])
+    inputs = DataCollatorWithFlattening()([{"input_ids": s.tolist()} for s in sequences], return_tensors="pt")
+    if not all(isinstance(m, dcp.masks.CausalMask) for m in plan.spec.masks):
+        inputs["attention_mask"] = dcp_hf.dense_attention_mask(plan.spec, dtype)
+    # use_cache=False: with a cache transformers skips its packed-sequence detection (sequences would see
+    # each other); training wants no cache anyway
+    return {"use_cache": False, **{k: v.to(batch.tokens.device) for k, v in inputs.items()}}
+
+
+# --------------------------------------------------------------------------------------------- training
+def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
+          device: torch.device | None = None) -> TrainResult:
+    """Run ``cfg.steps`` steps on this rank (torch.distributed must be initialized when ``world_size > 1``)."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.attn not in ATTENTIONS or (cfg.attn != "dcp" and world_size > 1):
+        raise SystemExit(f"--attn must be one of {ATTENTIONS}; sdpa/eager (the reference) run on one process")
+    device = device or torch.device("cpu")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    elif world_size > 1:  # share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.attn == "dcp":
+        dcp_hf.register(group=group, kernels=cfg.kernels, timeout=cfg.peer_timeout_s)
+    torch.manual_seed(cfg.seed)
+    model = AutoModelForCausalLM.from_config(model_config(cfg), attn_implementation=cfg.attn)
+    model.to(device=device, dtype=dtype).train()
+    if world_size > 1:  # identical start on every rank (the seed already makes it so; this makes it certain)
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+        for p in model.parameters():
+            dist.broadcast(p.data, src=src, group=group)
+    planner_config = dcp.PlannerConfig(block_size=cfg.block_size, partitioner=dcp.GreedyPartitioner(), seed=cfg.seed,
+                                       time_budget_s=None)
+    loader = DCPLoader(samples(cfg), dcp.Cluster(1, world_size), planner_config, cfg.tokens_per_batch,
+                       **dcp_hf.batch_geometry(model), rank=rank, world_size=world_size, group=group,
+                       lookahead=cfg.lookahead, worker=WorkerConfig(mode=cfg.planner), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    result = TrainResult()
+    t_prev = time.perf_counter()
+    batches = iter(loader)
+    try:
+        for step in range(cfg.steps):
+            batch = next(batches)
+            inputs = dcp_hf.model_inputs(batch) if cfg.attn == "dcp" else reference_inputs(batch, dtype)
+            loss = model(**inputs).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            dcp_hf.sum_gradients(model, group)
+            total = loss.detach().clone()
+            if world_size > 1:
+                dist.all_reduce(total, group=group)
+            if step in cfg.grad_steps:
+                result.grads[step] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            opt.step()
+            now = time.perf_counter()
+            step_s, t_prev = now - t_prev, now
+            result.records.append({"step": step, "loss": float(total), "tokens": batch.num_tokens, "step_s": step_s,
+                                   "tokens_per_s": batch.num_tokens / step_s, "waited_s": batch.waited_s,
+                                   "sequences": len(batch.sample_ids), "local_tokens": batch.n_local})
+            if rank == 0 and not cfg.quiet:
+                print(f"step {step + 1:>4}/{cfg.steps}  loss {float(total):.4f}  "
+                      f"tok/s {batch.num_tokens / step_s:,.0f}", flush=True)
+    finally:
+        batches.close()
+        loader.close()
+    result.loader_stats = loader.stats()
+    result.rejected = [(e.sample_id, e.length, e.reason) for e in loader.rejected]
+    if rank == 0 and cfg.log_json:
+        with open(cfg.log_json, "w") as f:
+            json.dump({"config": asdict(cfg), "world_size": world_size, "records": result.records,
+                       "loader": result.loader_stats, "rejected": result.rejected}, f, indent=1, default=str)
+    return result
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def parse_args(argv=None) -> HFTrainConfig:
+    d = HFTrainConfig()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--family", choices=FAMILIES, default=d.family)
+    ap.add_argument("--attn", choices=ATTENTIONS, default=d.attn,
+                    help="dcp, or transformers' own sdpa/eager on one process (the reference)")
+    for name in ("steps", "seed", "tokens_per_batch", "layers", "hidden", "heads", "kv_heads", "intermediate",
+                 "vocab", "block_size", "min_len", "lookahead"):
+        ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    for name in ("length_scale", "lr"):
+        ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
+    ap.add_argument("--mask", action="append", default=None, metavar="NAME[:K=V,...]",
+                    help="mask family (dcp.masks.MASKS) with parameters; repeat to give samples different masks")
+    ap.add_argument("--distribution", default=d.distribution, help="dcp.data length distribution")
+    ap.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default=d.dtype)
+    ap.add_argument("--planner", choices=("process", "inline"), default=d.planner)
+    ap.add_argument("--kernels", default=d.kernels, help="dcp.kernels backend (auto, native, reference)")
+    ap.add_argument("--threads", type=int, default=d.threads)
+    ap.add_argument("--log-json", default=d.log_json, help="write per-step loss and tokens/s here")
+    ap.add_argument("--quiet", action="store_true")
+    a = vars(ap.parse_args(argv))
+    a["masks"] = tuple(a.pop("mask") or d.masks)
+    return replace(d, **a)
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    # torchrun's launch protocol: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR are set by the launcher
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = torch.device("cpu")
+    if world > 1:
+        use_cuda = torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            device = torch.device("cuda", torch.cuda.current_device())
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=5))
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    try:
+        result = train(cfg, rank, world, None, device)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0 and not cfg.quiet:
+        print(f"done: {cfg.family} with {cfg.attn} attention, {len(result.records)} steps on {world} process(es); "
+              f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; rejected samples: {len(result.rejected)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
