@@ -2,13 +2,15 @@
 
 Plan a batch: ``dcp.plan(dcp.BatchSpec(...), dcp.Cluster(...), dcp.PlannerConfig(...)) -> dcp.Plan``;
 check it with ``dcp.validate(plan)``; ship it with ``plan.to_bytes()`` / ``dcp.Plan.from_bytes()``.
-Run it with ``dcp.attention(q_local, k_local, v_local, plan)`` (see ``dcp.execute``).
+Run it with ``dcp.attention(q_local, k_local, v_local, plan)`` (see ``dcp.execute``) on every rank, with
+the same plan (``dcp.broadcast_plan`` ships one rank's plan to the others; the executor checks that the
+ranks agree before any transfer).
 """
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
-                        InvalidMaskError, PartitionerError, PlanValidationError, SerializationError,
-                        TooFewBlocksError)
+                        InvalidMaskError, PartitionerError, PlanMismatchError, PlanValidationError,
+                        SerializationError, TooFewBlocksError)
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
 from dcp.plan import Plan
 from dcp.planner import DCPPlanner, Planner, plan
@@ -22,6 +24,7 @@ _LAZY = {
     "dispatch": ("dcp.execute", "dispatch"),
     "undispatch": ("dcp.execute", "undispatch"),
     "reference_attention": ("dcp.execute", "reference_attention"),
+    "broadcast_plan": ("dcp.integration.broadcast", "broadcast_plan"),
     "ReferenceExecutor": ("dcp.execute", "ReferenceExecutor"),
     "DCPLoader": ("dcp.integration", "DCPLoader"),
     "DCPAttention": ("dcp.integration", "DCPAttention"),
@@ -41,5 +44,5 @@ def __getattr__(name):
 __all__ = ["BatchSpec", "Cluster", "PlannerConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
            "GreedyPartitioner", "KaHyParPartitioner", "MtKaHyParPartitioner", "DcpError", "ExecutionError",
            "InvalidBatchError", "InvalidClusterError", "InvalidConfigError", "InvalidMaskError",
-           "PartitionerError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
+           "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
            *_LAZY]

@@ -39,3 +39,8 @@ class SerializationError(DcpError, ValueError):
 
 class ExecutionError(DcpError, RuntimeError):
     """An executor was given inputs that do not fit the plan, or a peer failed mid-run."""
+
+
+class PlanMismatchError(DcpError, RuntimeError):
+    """Ranks of one process group hold different plans (or formed different batches): running would
+    exchange mismatched messages, so every rank raises this instead, naming the ranks that differ."""

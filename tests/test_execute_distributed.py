@@ -141,15 +141,48 @@ def _scenario_bad_inputs(rank, world):
     return out, True
 
 
+def _scenario_agreement(rank, world):
+    """Ranks holding different plans raise PlanMismatchError naming rank 1, before any transfer; then the
+    same group runs a plan that rank 0 made and broadcast_plan shipped."""
+    import dcp
+
+    calls = []
+    real = dist.batch_isend_irecv
+
+    def counting(ops):
+        calls.append(len(ops))
+        return real(ops)
+
+    dist.batch_isend_irecv = counting
+    out = {}
+    mine = _build(world, "causal", seqlens=(23, 6, 17, 2 if rank == 1 else 1))
+    try:
+        _local_errors(mine, rank, torch.float64)
+        out["mismatch"] = "no error"
+    except dcp.PlanMismatchError as err:
+        out["mismatch"] = str(err)
+    out["transfers_before"] = list(calls)
+    shared = dcp.broadcast_plan(_build(world, "mixed", dtype="float32") if rank == 0 else None, src=0)
+    out["shared"] = {"digest": _digest(shared), **_local_errors(shared, rank, torch.float32)}
+    try:
+        dcp.broadcast_plan("not a plan" if rank == 0 else None)
+        out["bad_source"] = "no error"
+    except dcp.DcpError as err:
+        out["bad_source"] = f"{type(err).__name__}: {err}"
+    return out, True
+
+
 def _peer_failure(rank, world, how, outdir):
     import dcp
 
     plan = _build(world, "causal")
     (q, k, v, _), *_ = _truth(plan)
     ql, kl, vl = (dcp.dispatch(plan, rank, x) for x in (q, k, v))
+    if how != "exit_first":  # fail mid-run of a plan the ranks already agreed on
+        dcp.attention(ql, kl, vl, plan, timeout=PEER_TIMEOUT_S)
     dist.barrier()
     if rank == world - 1:
-        if how == "exit":
+        if how.startswith("exit"):
             os._exit(0)
         # stall (alive, silent) until the others have given up, then leave
         give_up = time.monotonic() + PEER_TIMEOUT_S + 20
@@ -215,17 +248,28 @@ def test_bad_inputs_raise_before_any_transfer(two_ranks):
         assert res["transfers_after"] > 0  # the same group then ran the good calls
 
 
-@pytest.mark.parametrize("how", ["exit", "stall"])
+def test_ranks_with_different_plans_raise_plan_mismatch_and_broadcast_plan_shares_one(tmp_path):
+    results = _spawn(3, _scenario_agreement, tmp_path)
+    for rank, res in enumerate(results):
+        assert "crash" not in res, res.get("crash")
+        assert res["mismatch"].startswith("the ranks hold different plans (ranks [1] differ"), res["mismatch"]
+        assert res["transfers_before"] == [], "a transfer was posted before the ranks agreed on the plan"
+        assert "PlanningError" in res["bad_source"] and "not a dcp.Plan" in res["bad_source"], res["bad_source"]
+    _check_correct([{("shared", 1, "float32"): res["shared"]} for res in results])
+
+
+@pytest.mark.parametrize("how", ["exit", "stall", "exit_first"])
 def test_failed_peer_raises_within_timeout(how, tmp_path):
     world = 3
     results = run_ranks(_peer_failure, world, tmp_path, how, str(tmp_path), deadline_s=SPAWN_DEADLINE_S,
                         allow_missing=True, check=False)
-    if how == "exit":
+    if how.startswith("exit"):
         assert results[-1] is None and all(r is not None for r in results[:-1]), results
     survivors = [r for r in results if r is not None and "stalled" not in r]
     assert survivors, results
     for res in survivors:
         assert "crash" not in res, res.get("crash")
         assert res["error"] == "ExecutionError", res
-        assert "round" in res["message"] and "devices" in res["message"], res["message"]
+        want = "agreeing on the plan" if how == "exit_first" else "round"
+        assert want in res["message"] and "devices" in res["message"], res["message"]
         assert res["elapsed"] < PEER_TIMEOUT_S + 6, res

@@ -6,6 +6,7 @@ worker imports this module by name, as the parent's ``sys.path`` is handed to it
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np

@@ -35,10 +35,11 @@ def attention(q_local: torch.Tensor, k_local: torch.Tensor, v_local: torch.Tenso
     ``q_local [n_local, Hq, D]``, ``k_local``/``v_local`` ``[n_local, Hkv, D]``: rows
     ``plan.local_token_index(rank)`` of the packed batch (``dcp.dispatch``). Returns ``o_local`` (and
     ``lse_local [Hq, n_local]``, not differentiable, with ``return_lse``); differentiable w.r.t. q, k, v.
-    Every rank of ``group`` must call it with the same plan. Bad inputs raise ``ExecutionError`` before any
-    transfer; a failed peer raises ``ExecutionError`` after ``timeout`` seconds (see
-    ``dcp.execute.distributed``). ``kernels``, ``validate``, ``scale``, ``partial_dtype``: see
-    ``DistributedExecutor``.
+    Every rank of ``group`` must call it with the same plan: the ranks check that they do before the plan's
+    first transfer (``PlanMismatchError`` naming the ranks that differ; share one rank's plan with
+    ``dcp.broadcast_plan``). Bad inputs raise ``ExecutionError`` before any transfer; a failed peer raises
+    ``ExecutionError`` after ``timeout`` seconds (see ``dcp.execute.distributed``). ``kernels``,
+    ``validate``, ``scale``, ``partial_dtype``: see ``DistributedExecutor``.
     """
     executor = DistributedExecutor(plan, group, kernels=kernels, validate=validate, timeout=timeout, scale=scale,
                                    partial_dtype=partial_dtype)

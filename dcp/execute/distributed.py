@@ -12,8 +12,9 @@ waited with that limit, otherwise the process group's own timeout applies (set i
 raises ``ExecutionError`` naming the round and the peers of that round instead of hanging.
 
 Inputs are validated before any transfer: local shapes ``[n_local, Hq, D]`` / ``[n_local, Hkv, D]``, one
-floating dtype, one device, the plan's world size equal to the group's, and (by default, once per plan)
-``dcp.validate.validate(plan)``.
+floating dtype, one device, the plan's world size equal to the group's, every rank holding the same plan
+(a digest all-gather once per new plan: ``dcp.execute.agreement``, ``PlanMismatchError`` naming the ranks
+that differ), and (by default, once per plan) ``dcp.validate.validate(plan)``.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.errors import ExecutionError
+from dcp.execute.agreement import agree_on_plan
 from dcp.execute.local import DeviceRunner, backward_home, default_scale, ensure_valid, plan_tables, resolve_kernels
 from dcp.plan import Plan
 
@@ -175,6 +177,7 @@ class DistributedExecutor:
                 raise ExecutionError(f"rank {self.rank}: the NCCL backend needs CUDA tensors, got {q.device}")
             if backend == "gloo" and q.device.type != "cpu":
                 raise ExecutionError(f"rank {self.rank}: the gloo backend needs CPU tensors, got {q.device}")
+            agree_on_plan(self.plan, self.group, self.rank, self.world, q.device, self.timeout)
         ensure_valid(self.plan, full=self.validate)
 
     # ------------------------------------------------------------------------------------ running

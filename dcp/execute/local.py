@@ -323,6 +323,7 @@ class PlanTables:
         self._scatter = None
         self.validated = False
         self.tiles_checked = False
+        self.digest: bytes | None = None  # dcp.execute.agreement.plan_digest
 
     # -- local rows
     def local_index(self, device: int) -> torch.Tensor:

@@ -25,16 +25,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dcp.errors import DcpError
+from dcp.errors import PlanMismatchError
 from dcp.integration.cache import CachedPlan, digest_bytes
 from dcp.integration.worker import PlanningError
+from dcp.plan import Plan
 
 OK, ERROR = 0, 1
 HEADER_LEN = 3 + 4 + 4
-
-
-class PlanMismatchError(DcpError, RuntimeError):
-    """Ranks disagree about a batch or its plan (different data streams, or corrupted plan bytes)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,4 +132,26 @@ def share_plan(entry: CachedPlan | None, error: BaseException | None, waited_s: 
     return SharedPlan(result, waited_ns / 1e9, bool(need))
 
 
-__all__ = ["share_plan", "SharedPlan", "PlanMismatchError", "HEADER_LEN"]
+def broadcast_plan(plan: Plan | None, src: int = 0, group=None) -> Plan:
+    """Plan on one rank, run the same plan everywhere: every rank of ``group`` calls this; ``src`` (a
+    group rank) passes its plan, the others pass anything (None). Returns the source's plan on every rank,
+    its bytes checked by sha256 on arrival.
+
+    Raises ``PlanningError`` on every rank when the source passes no ``dcp.Plan``, and
+    ``PlanMismatchError`` when the bytes arrive corrupted. Without an initialized process group (or with
+    one rank) the plan is returned as it is.
+    """
+    is_src = not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == src
+    entry = error = None
+    if is_src:
+        if isinstance(plan, Plan):
+            data = plan.to_bytes()
+            entry = CachedPlan(data, digest_bytes(data), plan)
+        else:
+            error = PlanningError(f"broadcast_plan: the source rank {src} passed {type(plan).__name__}, not a "
+                                  f"dcp.Plan")
+    # no batch to compare: every rank passes the same null batch digest
+    return share_plan(entry, error, 0.0, batch_digest=bytes(32), group=group, src=src).entry.plan
+
+
+__all__ = ["share_plan", "broadcast_plan", "SharedPlan", "PlanMismatchError", "HEADER_LEN"]
