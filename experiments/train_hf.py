@@ -7,8 +7,8 @@
 The model is ``AutoModelForCausalLM.from_config`` of a small Llama- or Qwen2-style config written below
 (random init, nothing downloaded); its code is transformers' own, unmodified. With ``--attn dcp`` each
 process is one plan device (gloo on CPU, NCCL on GPU): ``DCPLoader`` forms and plans token-budget batches,
-the model runs on the rank's home tokens through ``dcp.integration.hf`` (7 lines differ from the reference
-loop below), and the ranks' gradients are summed. With ``--attn sdpa|eager`` (one process) the same batches
+the model runs on the rank's home tokens through ``dcp.integration.hf``, and the ranks' gradients are
+summed. With ``--attn sdpa|eager`` (one process) the same batches
 go through transformers' own padding-free path instead: ``DataCollatorWithFlattening`` packs the batch's
 sequences, and a batch with non-causal masks gets them as a dense additive 4-D mask. That is the
 reference the parity tests compare dcp against.
