@@ -12,7 +12,8 @@ state of the trainer is inherited). Jobs travel as ``BatchSpec.describe()`` dict
 The worker is not a daemon process, because the planner may start its own partitioner process (see
 ``dcp.partition.worker``); it is shut down by ``close()``, when the ``PlanWorker`` is garbage collected,
 or at interpreter exit (a ``multiprocessing.util.Finalize`` that runs before multiprocessing joins its
-children), and it exits by itself when its parent dies.
+children), and it exits by itself when its parent dies, however it dies (SIGKILL included: ``dcp.lifeline``),
+without holding the parent's stdout/stderr.
 
 ``InlinePlanner`` has the same interface and plans synchronously in the calling process (debugging,
 single-process runs without a spare core).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import multiprocessing.util as mp_util
+import os
 import queue
 import threading
 import time
@@ -32,6 +34,7 @@ from typing import Callable
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import DcpError, InvalidConfigError
+from dcp.lifeline import detach_stdio, started_from_main_thread, tie_to_parent
 from dcp.spec import BatchSpec
 
 
@@ -117,17 +120,16 @@ def _run_job(plan_fn: PlanFn, description: dict, cluster: Cluster, config: Plann
     return status, payload, time.perf_counter() - started, notes
 
 
-def _serve(jobs, results, cluster: Cluster, config: PlannerConfig, plan_fn: PlanFn) -> None:
-    """Worker main loop: ``(job_id, description)`` in, ``(job_id, status, payload, seconds, notes)`` out."""
-    parent = mp.parent_process()
+def _serve(jobs, results, cluster: Cluster, config: PlannerConfig, plan_fn: PlanFn, parent_pid: int | None = None,
+           pdeathsig: bool = False) -> None:
+    """Worker main loop: ``(job_id, description)`` in, ``(job_id, status, payload, seconds, notes)`` out.
+    Exits when the parent dies, even mid-job, and never holds its stdout/stderr (``dcp.lifeline``)."""
+    if parent_pid is not None:
+        tie_to_parent(parent_pid, pdeathsig)
+        detach_stdio()
     results.put((READY, "ready", None, 0.0, []))
     while True:
-        try:
-            job = jobs.get(timeout=1.0)
-        except queue.Empty:
-            if parent is not None and not parent.is_alive():
-                return
-            continue
+        job = jobs.get()
         if job is None:
             return
         job_id, description = job
@@ -221,7 +223,8 @@ class PlanWorker:
         ctx = mp.get_context(self.wc.start_method)
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         self._proc = ctx.Process(target=_serve, args=(self._jobs, self._results, self.cluster, self.config,
-                                                      self.plan_fn), daemon=False, name="dcp-plan-worker")
+                                                      self.plan_fn, os.getpid(), started_from_main_thread()),
+                                 daemon=False, name="dcp-plan-worker")
         self._proc.start()
         self._stop = threading.Event()
         self._state = {"ready_at": None}

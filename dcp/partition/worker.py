@@ -3,22 +3,30 @@
 Partitioners are C++ code that cannot be interrupted, and Mt-KaHyPar's thread pool must not be created
 in a process that later forks. So jobs run in one long-lived child (forked once, on first use): its
 thread pool and imports stay warm across plans; a job that overruns its budget gets the child killed
-(and a fresh one on the next job), and the caller falls back.
+(and a fresh one on the next job), and the caller falls back. The child exits when its parent dies,
+however it dies, and does not hold the parent's stdout/stderr (``dcp.lifeline``).
 """
 from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import os
 import threading
 
 from dcp.errors import PartitionerError
+from dcp.lifeline import detach_stdio, started_from_main_thread, tie_to_parent
 
 
 class PartitionerTimeout(PartitionerError):
     """The partitioner did not finish within its time budget."""
 
 
-def _serve(conn):
+def _serve(conn, parent_pid: int | None = None, pdeathsig: bool = False, parent_end=None):
+    if parent_end is not None:  # the parent's end, inherited by fork: close it so its death reads as EOF
+        parent_end.close()
+    if parent_pid is not None:  # never outlive the parent, never hold its stdout (dcp.lifeline)
+        tie_to_parent(parent_pid, pdeathsig)
+        detach_stdio()
     while True:
         try:
             job = conn.recv()
@@ -43,7 +51,8 @@ class _Worker:
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(method)
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="dcp-partitioner")
+        args = (child, os.getpid(), started_from_main_thread(), parent if method == "fork" else None)
+        self._proc = ctx.Process(target=_serve, args=args, daemon=True, name="dcp-partitioner")
         self._proc.start()
         child.close()
         self._conn = parent
