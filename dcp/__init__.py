@@ -7,7 +7,7 @@ the same plan (``dcp.broadcast_plan`` ships one rank's plan to the others; the e
 ranks agree before any transfer).
 """
 from dcp.cluster import Cluster
-from dcp.config import PlannerConfig
+from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
                         InvalidMaskError, PartitionerError, PlanMismatchError, PlanValidationError,
                         SerializationError, TooFewBlocksError)
@@ -41,7 +41,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'dcp' has no attribute {name!r}")
 
 
-__all__ = ["BatchSpec", "Cluster", "PlannerConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
+__all__ = ["BatchSpec", "Cluster", "PlannerConfig", "SearchConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
            "GreedyPartitioner", "KaHyParPartitioner", "MtKaHyParPartitioner", "DcpError", "ExecutionError",
            "InvalidBatchError", "InvalidClusterError", "InvalidConfigError", "InvalidMaskError",
            "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",

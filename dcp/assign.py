@@ -204,6 +204,42 @@ def place_two_levels(hg: Hypergraph, is_home: np.ndarray, mem: np.ndarray, nodes
     return device, notes
 
 
+class PendingAssignment:
+    """A two-level placement being computed in the partitioner worker (``start_assign``)."""
+
+    def __init__(self, job, home_vertex: np.ndarray, tile_vertex: np.ndarray, inline_args: tuple | None):
+        self._job, self._home_vertex, self._tile_vertex, self._inline = job, home_vertex, tile_vertex, inline_args
+
+    def result(self) -> Assignment:
+        """The placement; raises ``PartitionerError`` (``PartitionerTimeout`` past the budget)."""
+        if self._job is None:
+            device, notes = place_two_levels(*self._inline)
+        else:
+            device, notes = self._job.result()
+        return Assignment(device[self._home_vertex].astype(np.int32), device[self._tile_vertex].astype(np.int32),
+                          tuple(notes))
+
+    def cancel(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+
+
+def start_assign(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.ndarray, nodes: int,
+                 gpus_per_node: int, partitioner: Partitioner, eps_inter: float, eps_intra: float,
+                 eps_memory: float, seed: int, time_budget_s: float | None) -> PendingAssignment:
+    """Start the two-level placement (module docstring) in the partitioner worker under
+    ``time_budget_s`` and return at once (None, or the greedy partitioner: computed in this process
+    when ``result()`` is called)."""
+    hg, mem, _ = build_hypergraph(spec, layout, tiles, tile_cost)
+    home_vertex, tile_vertex = vertex_ids(layout, tiles)
+    is_home = np.zeros(hg.n_vertices, dtype=bool)
+    is_home[home_vertex] = True
+    args = (hg, is_home, mem, nodes, gpus_per_node, partitioner, eps_inter, eps_intra, eps_memory, seed)
+    if time_budget_s is None or isinstance(partitioner, GreedyPartitioner):
+        return PendingAssignment(None, home_vertex, tile_vertex, args)
+    return PendingAssignment(WORKER.submit(place_two_levels, args, time_budget_s), home_vertex, tile_vertex, None)
+
+
 def assign(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.ndarray, nodes: int,
            gpus_per_node: int, partitioner: Partitioner, eps_inter: float, eps_intra: float,
            eps_memory: float, seed: int, time_budget_s: float | None) -> Assignment:
@@ -211,21 +247,16 @@ def assign(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, tile_cost: np.n
 
     The partitioning runs in the partitioner worker process under ``time_budget_s`` (None: in this
     process, unbounded); on timeout or failure it falls back to the greedy partitioner and warns."""
-    hg, mem, _ = build_hypergraph(spec, layout, tiles, tile_cost)
-    home_vertex, tile_vertex = vertex_ids(layout, tiles)
-    is_home = np.zeros(hg.n_vertices, dtype=bool)
-    is_home[home_vertex] = True
-    args = (hg, is_home, mem, nodes, gpus_per_node, partitioner, eps_inter, eps_intra, eps_memory, seed)
-    if time_budget_s is None or isinstance(partitioner, GreedyPartitioner):
-        device, notes = place_two_levels(*args)
-    else:
-        try:
-            device, notes = WORKER.call(place_two_levels, args, time_budget_s)
-        except PartitionerError as err:
-            msg = f"{partitioner.name}: {err}; fell back to the greedy partitioner"
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
-            device, notes = place_two_levels(*(args[:5] + (GreedyPartitioner(),) + args[6:]))
-            notes = [msg] + notes
-    for note in notes[1:] if notes and "fell back" in notes[0] else notes:
+    pending = start_assign(spec, layout, tiles, tile_cost, nodes, gpus_per_node, partitioner, eps_inter,
+                           eps_intra, eps_memory, seed, time_budget_s)
+    try:
+        placed = pending.result()
+    except PartitionerError as err:
+        msg = f"{partitioner.name}: {err}; fell back to the greedy partitioner"
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        placed = start_assign(spec, layout, tiles, tile_cost, nodes, gpus_per_node, GreedyPartitioner(), eps_inter,
+                              eps_intra, eps_memory, seed, None).result()
+        return Assignment(placed.home, placed.tile_device, (msg,) + placed.fallbacks)
+    for note in placed.fallbacks:
         warnings.warn(note, RuntimeWarning, stacklevel=2)
-    return Assignment(device[home_vertex].astype(np.int32), device[tile_vertex].astype(np.int32), tuple(notes))
+    return placed

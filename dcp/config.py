@@ -7,9 +7,66 @@ from dcp.cost import CostModel
 from dcp.errors import InvalidConfigError
 from dcp.partition import MtKaHyParPartitioner, Partitioner
 
+OBJECTIVES = ("time", "bytes")
+
 
 def _default_cost() -> CostModel:
     return CostModel.named("a100")
+
+
+def _default_partitioner() -> Partitioner:
+    # deterministic: the same inputs give the same plan in every process, on any thread count
+    return MtKaHyParPartitioner(preset="deterministic")
+
+
+def _numbers(name: str, values, low: float, high: float, integer: bool = False) -> tuple:
+    if not isinstance(values, (tuple, list)) or not values:
+        raise InvalidConfigError(f"{name} must be a non-empty tuple, got {values!r}")
+    for v in values:
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+        if not ok or isinstance(v, bool) or not low <= v <= high:
+            raise InvalidConfigError(f"{name} must hold {'ints' if integer else 'numbers'} in [{low}, {high}], "
+                                     f"got {v!r}")
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the planner chooses its balance/communication trade-off per batch.
+
+    The planner builds candidate placements — packings (``dcp.pack``: whole sequences where they fit,
+    zigzag splits where they must, at each compute tolerance of ``pack_epsilons``) and, with
+    ``hypergraph``, the two-level hypergraph partition at ``PlannerConfig.epsilon_inter/intra`` —
+    schedules each direction of each at every stage count of ``stage_counts``, and keeps one:
+
+    - ``objective="time"`` (default): the candidate with the least estimated forward + backward
+      makespan under ``PlannerConfig.cost_model`` (``dcp.sim.estimate``);
+    - ``objective="bytes"``: the paper's objective — the candidate that communicates the fewest bytes
+      among those within the compute tolerance ``(1 + epsilon_inter)(1 + epsilon_intra)``.
+
+    ``max_compute_imbalance`` (optional): candidates whose device compute imbalance (max / mean tile
+    FLOPs) exceeds it are not considered (when every candidate does, the most balanced one is kept).
+    """
+
+    objective: str = "time"
+    pack_epsilons: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4)
+    stage_counts: tuple[int, ...] = (2, 4, 8)
+    hypergraph: bool = True
+    max_compute_imbalance: float | None = None
+
+    def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise InvalidConfigError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        eps = self.pack_epsilons
+        object.__setattr__(self, "pack_epsilons", () if eps in ((), []) else _numbers("pack_epsilons", eps, 0, 10))
+        object.__setattr__(self, "stage_counts", _numbers("stage_counts", self.stage_counts, 1, 64, integer=True))
+        if not isinstance(self.hypergraph, bool):
+            raise InvalidConfigError(f"hypergraph must be True or False, got {self.hypergraph!r}")
+        if not self.hypergraph and not self.pack_epsilons:
+            raise InvalidConfigError("the search needs candidates: give pack_epsilons or hypergraph=True")
+        m = self.max_compute_imbalance
+        if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or not m >= 1):
+            raise InvalidConfigError(f"max_compute_imbalance must be a number >= 1 or None, got {m!r}")
 
 
 @dataclass(frozen=True)
@@ -17,29 +74,34 @@ class PlannerConfig:
     """How dcp plans a batch.
 
     Args:
-        block_size: tokens per token block (the last block of a sequence keeps the remainder).
+        block_size: tokens per token block (the last block of a sequence keeps the remainder). Packing
+            candidates cut sequences they split finer where balance needs it.
         head_block_size: query heads per head block (None: all heads in one block).
-        partitioner: ``MtKaHyParPartitioner()`` (default), ``KaHyParPartitioner()`` or ``GreedyPartitioner()``.
-        epsilon_inter: compute (tile FLOPs) imbalance allowed between nodes (level 1).
-        epsilon_intra: compute imbalance allowed between the GPUs of a node (level 2). The overall
-            device imbalance stays below (1 + epsilon_inter)(1 + epsilon_intra) (1.092 by default),
-            unless a single tile is larger than that slack.
+        partitioner: ``MtKaHyParPartitioner(preset="deterministic")`` (default: the same plan in every
+            process), ``MtKaHyParPartitioner()`` (faster, varies run to run), ``KaHyParPartitioner()`` or
+            ``GreedyPartitioner()``.
+        epsilon_inter: compute (tile FLOPs) imbalance the hypergraph candidate allows between nodes.
+        epsilon_intra: compute imbalance it allows between the GPUs of a node. Its device imbalance stays
+            below (1 + epsilon_inter)(1 + epsilon_intra), unless a single tile is larger than that slack.
         epsilon_memory: resident-token imbalance allowed at each level (a single token block larger
             than the mean share is never split, so small batches may exceed it; see ``plan.stats()``).
         seed: partitioner seed.
-        max_stages: rounds of transfers overlapped with compute (stage 0 needs no transfer).
+        max_stages: rounds of transfers overlapped with compute when the search does not choose them
+            (``objective="bytes"`` schedules at this count only).
         two_phase: relay inputs and merge partial outputs inside a remote node so that each unit
             crosses the network once per node.
-        time_budget_s: limit on partitioning; past it (or on partitioner failure) the planner warns and
-            falls back to the greedy partitioner. None: no limit, partition in this process.
-        cost_model: kernel and link model used for vertex weights and stage budgets.
+        time_budget_s: limit on the hypergraph partitioning; past it (or on partitioner failure) that
+            candidate is dropped with a note, or, when it is the only one, replaced by the greedy
+            partitioner's. None: no limit, partition in this process.
+        cost_model: kernel and link model that schedules and scores the candidates.
         allow_idle_devices: plan batches with fewer token blocks than devices (idle devices are
             reported in the stats); False raises ``TooFewBlocksError`` instead.
+        search: how the candidates are built and chosen (``SearchConfig``).
     """
 
     block_size: int = 1024
     head_block_size: int | None = None
-    partitioner: Partitioner = field(default_factory=MtKaHyParPartitioner)
+    partitioner: Partitioner = field(default_factory=_default_partitioner)
     epsilon_inter: float = 0.045
     epsilon_intra: float = 0.045
     epsilon_memory: float = 0.1
@@ -49,6 +111,7 @@ class PlannerConfig:
     time_budget_s: float | None = 60.0
     cost_model: CostModel = field(default_factory=_default_cost)
     allow_idle_devices: bool = True
+    search: SearchConfig = field(default_factory=SearchConfig)
 
     def __post_init__(self):
         if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size <= 0:
@@ -63,3 +126,10 @@ class PlannerConfig:
             raise InvalidConfigError(f"time_budget_s must be positive or None, got {self.time_budget_s!r}")
         if not isinstance(self.partitioner, Partitioner):
             raise InvalidConfigError(f"partitioner must be a dcp.partition.Partitioner, got {self.partitioner!r}")
+        if not isinstance(self.search, SearchConfig):
+            raise InvalidConfigError(f"search must be a dcp.SearchConfig, got {self.search!r}")
+
+    @property
+    def compute_tolerance(self) -> float:
+        """The hypergraph candidate's device compute imbalance bound, (1 + eps_inter)(1 + eps_intra)."""
+        return (1 + self.epsilon_inter) * (1 + self.epsilon_intra)

@@ -1,6 +1,6 @@
 """Planners: typed objects that turn (batch, cluster) into a validated ``Plan``.
 
-``DCPPlanner`` is dcp's hypergraph planner; the static baselines in ``dcp.baselines`` implement the
+``DCPPlanner`` is dcp's planner (candidate placements scored by estimated time); the static baselines in ``dcp.baselines`` implement the
 same interface and emit plans in the same IR, so every comparison runs through the same validator,
 statistics and executors.
 """
@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 import time
+import warnings
 
 import numpy as np
 
-from dcp.assign import assign
+from dcp.assign import start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
 from dcp.build import build_program
+from dcp.candidates import Candidate, evaluate, same_placement
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
-from dcp.errors import InvalidBatchError, InvalidClusterError, TooFewBlocksError
+from dcp.errors import InvalidBatchError, InvalidClusterError, PartitionerError, TooFewBlocksError
+from dcp.pack import pack, sequence_areas
+from dcp.partition import GreedyPartitioner
 from dcp.plan import Plan
-from dcp.schedule import Routes, schedule
+from dcp.schedule import Routes, Schedule
 from dcp.spec import BatchSpec
 from dcp.validate import validate
 
@@ -34,13 +39,17 @@ class Planner(abc.ABC):
 
 def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, tile_stage: np.ndarray, routes: Routes, planner: str, started: float,
-             notes: tuple[str, ...] = (), check: bool = True) -> Plan:
-    """Build both programs, validate, and stamp the planning time (spec → validated plans)."""
+             notes: tuple[str, ...] = (), check: bool = True, backward: Schedule | None = None) -> Plan:
+    """Build both programs, validate, and stamp the planning time (spec → validated plans).
+
+    ``tile_stage``/``routes`` schedule the forward, and the backward too unless ``backward`` gives it
+    its own schedule."""
     n = cluster.n_devices
+    bwd_stage, bwd_routes = (tile_stage, routes) if backward is None else (backward.tile_stage, backward.routes)
     plan = Plan(spec, cluster, layout, tiles, np.asarray(home, dtype=np.int32),
                 np.asarray(tile_device, dtype=np.int32), np.asarray(tile_stage, dtype=np.int32),
                 build_program("forward", n, tile_device, tile_stage, routes),
-                build_program("backward", n, tile_device, tile_stage, routes), planner, 0.0, tuple(notes))
+                build_program("backward", n, tile_device, bwd_stage, bwd_routes), planner, 0.0, tuple(notes))
     meta = {}
     if check:
         validate(plan)
@@ -57,7 +66,10 @@ def check_inputs(spec: BatchSpec, cluster: Cluster) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class DCPPlanner(Planner):
-    """Hypergraph placement (``dcp.assign``) + time-aware stages and routes (``dcp.schedule``)."""
+    """dcp's planner: candidate placements — packings (``dcp.pack``) at several compute tolerances and
+    the two-level hypergraph partition (``dcp.assign``) — each scheduled per direction at several stage
+    counts (``dcp.schedule``), scored by the estimated makespan (``dcp.sim.estimate``) or by bytes, as
+    ``config.search`` says; the partitioner works in its process while the packings are evaluated here."""
 
     config: PlannerConfig = dataclasses.field(default_factory=PlannerConfig)
     name = "dcp"
@@ -72,18 +84,90 @@ class DCPPlanner(Planner):
                 f"{layout.n_token_blocks} token blocks for {cluster.n_devices} devices: lower block_size "
                 f"(now {cfg.block_size}) or set allow_idle_devices=True")
         tiles = enumerate_tiles(spec, layout)
-        q_len, kv_len = layout.tb_len[tiles.q_tb], layout.tb_len[tiles.kv_tb]
-        cost = cfg.cost_model
-        fwd_t = cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full)
-        # balance exact work (FLOPs); the cost model's per-tile times only order stages and transfers,
-        # since the executors run each stage as one fused call whose speed depends on merged extents
-        placed = assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes, cluster.gpus_per_node,
-                        cfg.partitioner, cfg.epsilon_inter, cfg.epsilon_intra, cfg.epsilon_memory, cfg.seed,
-                        cfg.time_budget_s)
-        tile_stage, routes = schedule(spec, cluster, layout, tiles, placed.home, placed.tile_device, fwd_t,
-                                      cost, cfg.max_stages, cfg.two_phase)
-        return assemble(spec, cluster, layout, tiles, placed.home, placed.tile_device, tile_stage, routes,
-                        self.name, started, placed.fallbacks)
+        pending = None
+        if cfg.search.hypergraph:
+            # balance exact work (FLOPs): the executors run each stage as one fused call whose speed
+            # depends on merged extents, not on how finely tiles are cut
+            pending = start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
+                                   cluster.gpus_per_node, cfg.partitioner, cfg.epsilon_inter, cfg.epsilon_intra,
+                                   cfg.epsilon_memory, cfg.seed, cfg.time_budget_s)
+        try:
+            cands = self._packings(spec, cluster)
+            notes: list[str] = []
+            if pending is not None:
+                job, pending = pending, None
+                try:
+                    cands.append(self._hypergraph(spec, cluster, layout, tiles, job, notes, bool(cands)))
+                except _Dropped:
+                    pass
+        finally:
+            if pending is not None:  # an error before the partitioner's result was taken
+                pending.cancel()
+        best = choose(cands, cfg)
+        plan = assemble(spec, cluster, best.layout, best.tiles, best.home, best.tile_device,
+                        best.forward.tile_stage, best.forward.routes, self.name, started,
+                        tuple(notes) + best.notes, backward=best.backward)
+        plan.meta.update(search_objective=cfg.search.objective, search_chosen=best.label,
+                         est_forward_ms=round(best.forward_s * 1e3, 5), est_backward_ms=round(best.backward_s * 1e3, 5),
+                         search_candidates=json.dumps({c.label: c.summary() for c in cands}, sort_keys=True))
+        return plan
+
+    def _stage_counts(self) -> tuple[int, ...]:
+        cfg = self.config
+        return cfg.search.stage_counts if cfg.search.objective == "time" else (cfg.max_stages,)
+
+    def _packings(self, spec: BatchSpec, cluster: Cluster) -> list[Candidate]:
+        cfg, search = self.config, self.config.search
+        epsilons = search.pack_epsilons
+        if search.objective == "bytes":  # only packings within the compute tolerance
+            epsilons = tuple(e for e in epsilons if 1 + e <= cfg.compute_tolerance * (1 + 1e-9))
+        out: list[Candidate] = []
+        areas = sequence_areas(spec) if epsilons else None
+        for eps in epsilons:
+            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, cfg.epsilon_memory + eps, areas)
+            if any(same_placement(c, pk.layout, pk.home) for c in out):
+                continue
+            out.append(evaluate(f"pack(eps={eps:g})", spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
+                                cfg.cost_model, self._stage_counts(), cfg.two_phase))
+        return out
+
+    def _hypergraph(self, spec, cluster, layout, tiles, pending, notes: list[str], others: bool) -> Candidate:
+        cfg = self.config
+        try:
+            placed = pending.result()
+        except PartitionerError as err:
+            # a timed-out or failed partitioner: the packings stand; alone, the greedy partition stands in
+            msg = f"{cfg.partitioner.name}: {err}; the hypergraph candidate " + \
+                ("was dropped" if others else "fell back to the greedy partitioner")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            notes.append(msg)
+            if others:
+                raise _Dropped from None
+            placed = start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
+                                  cluster.gpus_per_node, GreedyPartitioner(), cfg.epsilon_inter, cfg.epsilon_intra,
+                                  cfg.epsilon_memory, cfg.seed, None).result()
+        for note in placed.fallbacks:
+            warnings.warn(note, RuntimeWarning, stacklevel=3)
+        return evaluate("hypergraph", spec, cluster, layout, tiles, placed.home, placed.tile_device, cfg.cost_model,
+                        self._stage_counts(), cfg.two_phase, placed.fallbacks)
+
+
+class _Dropped(Exception):
+    """Internal: the hypergraph candidate was dropped (its note is recorded)."""
+
+
+def choose(cands: list[Candidate], cfg: PlannerConfig) -> Candidate:
+    """The candidate ``cfg.search`` asks for (``SearchConfig``); ties go to the earlier candidate."""
+    search = cfg.search
+    cap = search.max_compute_imbalance
+    if search.objective == "bytes":
+        cap = cfg.compute_tolerance if cap is None else min(cap, cfg.compute_tolerance)
+    fits = [c for c in cands if cap is None or c.compute_imbalance <= cap * (1 + 1e-9)]
+    if not fits:
+        return min(cands, key=lambda c: c.compute_imbalance)
+    if search.objective == "bytes":
+        return min(fits, key=lambda c: c.comm_bytes)
+    return min(fits, key=lambda c: c.time_s)
 
 
 def plan(spec: BatchSpec, cluster: Cluster, config: PlannerConfig | None = None) -> Plan:

@@ -1,15 +1,30 @@
-"""Stages and routes: when each tile runs and how every remote unit travels.
+"""Stages and routes: when each tile runs and how every remote unit travels, per direction.
 
-A device's remote input units are grouped into rounds 1..S: round r's transfers are posted before
-stage r−1 computes, so they hide behind it; stage r holds the tiles whose inputs have all arrived by
-round r. Devices exchange data in lockstep rounds, so every stage of every device aims at the same
-modelled time (total compute / devices / (S + 1)): local tiles, which need no transfer, fill each
-stage's shortfall (see ``_device_stages``).
+Programs run in lockstep rounds (``dcp.build``): round r's transfers are posted before stage r−1
+computes and waited for after it, so they hide behind that stage. A plan's forward and backward each get
+their own schedule: the backward moves bigger q-side units and computes 3.3× longer per tile, so its
+best rounds differ.
 
-Partial outputs go home in the first round after their last tile ran (stage s → round s+2). With
-``two_phase``, a unit needed by several GPUs of a remote node crosses the network once, to the GPU that
-needs it first, which relays it over NVLink; partial outputs of several GPUs of a remote node are merged
-on one of them before crossing back.
+Inputs (``input_rounds``). Every (device, remote unit) pair a device's tiles need is a *demand*; its
+value is the compute it unlocks (a tile missing two units credits each half). Rounds are filled
+greedily in order of value per byte, each round with a *capacity* on every resource the simulator
+models: a GPU's NVLink egress and ingress ports and a node's NIC egress and ingress, each allowed the
+bytes it moves in one round's time ``tau``. A demand is served by a *holder* of its unit — the home, or
+any device that received it in an earlier round — preferably one in the consumer's node (NVLink) with
+the least egress used so far, so a unit that many devices need spreads as a relay tree instead of a star
+from its home; across nodes a unit enters a node at most once per round (two-phase: the node's other
+consumers get it relayed a round later). Ties in value are broken by ring distance (nearest source
+first), which turns a zigzag placement into ring-like relays. ``tau`` is the larger of a stage's share
+of the device compute and the busiest resource's share of the transfers: compute-bound plans get rounds
+that hide behind stages, communication-bound ones get their bytes spread evenly over the rounds.
+
+Stages (``tile_stages``). A tile is released in the stage its last input arrives (local tiles: stage
+0). Each device fills stages in order up to its compute per round, taking first the tiles whose outputs
+go to another device (so partials leave early); a device that sends partials keeps local work back for
+its final stage, so their trip home hides behind that work.
+
+Outputs (``output_routes``). A partial leaves two rounds after its last tile's stage; with
+``two_phase``, partials of one unit from several GPUs of a remote node merge on one of them first.
 """
 from __future__ import annotations
 
@@ -21,9 +36,11 @@ from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
 from dcp.spec import BatchSpec
-from dcp.units import Kind, unit_bytes
+from dcp.units import Kind, bytes_per_token
 
 ROUTE_COLUMNS = ("side", "tb", "hb", "src", "dst", "round")  # side 0: q side, 1: kv side
+IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
+DIRECTIONS = ("forward", "backward")
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,154 +52,237 @@ class Routes:
     outputs: np.ndarray
 
 
-def _device_stages(unit_time, unit_of_tile_q, unit_of_tile_kv, tile_time, stage_target, max_stages):
-    """Round of each remote unit and stage of each tile of one device (vectorized per round).
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """One direction's schedule: ``tile_stage[t]`` (compute stage of every tile) and its routes."""
 
-    ``unit_of_tile_q/kv``: index of the tile's remote q/kv unit, or -1 when local. Every stage aims at
-    the same modelled time ``stage_target`` on every device: devices exchange data in lockstep rounds,
-    so a stage that runs long on one device delays everyone's next round. Round r's units are chosen by
-    value density (compute they unlock per transfer second) until their transfer time fills the
-    overlapped stage. A tile is released in the stage its last input arrives (local tiles: stage 0);
-    stages are then filled in order up to the target with released tiles, in tile order so a
-    sequence's tiles stay together, and the last stage takes what is left.
-    """
-    n_units = unit_time.size
-    unit_round = np.zeros(n_units, dtype=np.int64)  # 0: not yet chosen
-    local = (unit_of_tile_q < 0) & (unit_of_tile_kv < 0)
-    tile_stage = np.zeros(unit_of_tile_q.size, dtype=np.int64)
-    pending = ~local
-    for r in range(1, max_stages + 1):
-        open_units = unit_round == 0
-        if not open_units.any():
-            break
-        if r == max_stages:
-            chosen = open_units
-        else:
-            have = unit_round > 0
-            q_ok = (unit_of_tile_q < 0) | have[np.maximum(unit_of_tile_q, 0)]
-            kv_ok = (unit_of_tile_kv < 0) | have[np.maximum(unit_of_tile_kv, 0)]
-            # a tile missing exactly one unit credits it fully; missing two credits each half
-            miss_q = pending & ~q_ok
-            miss_kv = pending & ~kv_ok
-            share = np.where(miss_q & miss_kv, 0.5, 1.0) * tile_time
-            value = np.bincount(unit_of_tile_q[miss_q], weights=share[miss_q], minlength=n_units) + \
-                np.bincount(unit_of_tile_kv[miss_kv], weights=share[miss_kv], minlength=n_units)
-            budget = max(stage_target, unit_time[open_units].sum() / (max_stages - r + 1))
-            cand = np.flatnonzero(open_units)
-            cand = cand[np.argsort(-value[cand] / np.maximum(unit_time[cand], 1e-12), kind="stable")]
-            within = np.cumsum(unit_time[cand]) <= budget
-            within[0] = True
-            chosen = np.zeros(n_units, dtype=bool)
-            chosen[cand[within]] = True
-        unit_round[chosen] = r
-        have = unit_round > 0
-        ready = pending & ((unit_of_tile_q < 0) | have[np.maximum(unit_of_tile_q, 0)]) & \
-            ((unit_of_tile_kv < 0) | have[np.maximum(unit_of_tile_kv, 0)])
-        tile_stage[ready] = r
-        pending &= ~ready
-    # tile_stage now holds each tile's release stage (0 for local tiles); fill stages in order, each up
-    # to the common target, with released tiles in tile order (a sequence's tiles stay together)
-    release = tile_stage
-    n_stages = max(int(release.max()) + 1, max_stages + 1)
-    stage = np.full(release.size, -1, dtype=np.int64)
-    for s_ in range(n_stages):
-        cand = np.flatnonzero((stage < 0) & (release <= s_))
-        if cand.size == 0:
-            continue
-        if s_ == n_stages - 1:
-            stage[cand] = s_
-            break
-        take = np.cumsum(tile_time[cand]) - tile_time[cand] <= stage_target
-        if not take[0] and s_ >= release[cand].max():
-            take[0] = True
-        stage[cand[take]] = s_
-    tile_stage = stage
-    return unit_round, tile_stage
+    direction: str
+    tile_stage: np.ndarray
+    routes: Routes
 
 
-def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
-             tile_device: np.ndarray, tile_time: np.ndarray, cost: CostModel, max_stages: int = 4,
-             two_phase: bool = True) -> tuple[np.ndarray, Routes]:
-    """Tile stages and routes for a placement (see module docstring). ``tile_time``: forward seconds."""
+@dataclass(frozen=True, eq=False)
+class Demands:
+    """Remote inputs: one row per (device, unit), and each tile's q / kv demand row (-1: local input)."""
+
+    dev: np.ndarray
+    side: np.ndarray
+    tb: np.ndarray
+    hb: np.ndarray
+    nbytes: np.ndarray
+    value: np.ndarray
+    tile_q: np.ndarray
+    tile_kv: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.dev.size)
+
+
+def find_demands(spec: BatchSpec, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
+                 tile_device: np.ndarray, tile_time: np.ndarray, direction: str) -> Demands:
+    """Every device's remote input units, with their bytes in ``direction`` and the compute they unlock."""
     nhb = layout.n_head_blocks
-    tile_stage = np.zeros(tiles.n_tiles, dtype=np.int64)
-    rows = []
-    q_key = tiles.q_tb.astype(np.int64) * nhb + tiles.hb
-    kv_key = tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
-    gpn = cluster.gpus_per_node
-    stage_target = float(tile_time.sum()) / cluster.n_devices / (max_stages + 1)
-    for d in range(cluster.n_devices):
-        t_idx = np.flatnonzero(tile_device == d)
-        if t_idx.size == 0:
+    n_units = layout.n_token_blocks * nhb
+    dev = np.asarray(tile_device, dtype=np.int64)
+    q_rem = home[tiles.q_tb] != dev
+    kv_rem = home[tiles.kv_tb] != dev
+    share = np.asarray(tile_time, float) / np.maximum(q_rem.astype(np.int64) + kv_rem, 1)
+    q_key = (dev * 2) * n_units + tiles.q_tb.astype(np.int64) * nhb + tiles.hb
+    kv_key = (dev * 2 + 1) * n_units + tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
+    ukeys, inv = np.unique(np.concatenate([q_key[q_rem], kv_key[kv_rem]]), return_inverse=True)
+    value = np.bincount(inv, weights=np.concatenate([share[q_rem], share[kv_rem]]), minlength=ukeys.size)
+    unit = ukeys % n_units
+    side = (ukeys // n_units) % 2
+    tb = unit // nhb
+    bpt = bytes_per_token(spec, layout)
+    q_kind, kv_kind = IN_KINDS[direction]
+    nbytes = np.where(side == 0, bpt[q_kind], bpt[kv_kind]) * layout.tb_len[tb].astype(np.int64)
+    tile_q = np.full(tiles.n_tiles, -1, dtype=np.int64)
+    tile_kv = np.full(tiles.n_tiles, -1, dtype=np.int64)
+    n_q = int(q_rem.sum())
+    tile_q[q_rem] = inv[:n_q]
+    tile_kv[kv_rem] = inv[n_q:]
+    return Demands(ukeys // (2 * n_units), side, tb, unit % nhb, nbytes, value, tile_q, tile_kv)
+
+
+def _unit_key(dm: Demands, n_token_blocks: int, nhb: int) -> np.ndarray:
+    return (dm.side * n_token_blocks + dm.tb) * nhb + dm.hb
+
+
+def comm_floor(dm: Demands, unit_key: np.ndarray, home: np.ndarray, cluster: Cluster, cost: CostModel) -> float:
+    """Seconds the busiest resource needs for all of a direction's inputs: ingress ports, and with
+    several nodes the NICs (each unit entering a remote node once)."""
+    if dm.n == 0:
+        return 0.0
+    p = cost.profile
+    gpn, n_dev = cluster.gpus_per_node, cluster.n_devices
+    busiest = float(np.bincount(dm.dev, weights=dm.nbytes, minlength=n_dev).max()) / (p.nvlink_gbps * 1e9)
+    if cluster.nodes > 1:
+        src_node = home[dm.tb].astype(np.int64) // gpn
+        dst_node = dm.dev // gpn
+        cross = np.flatnonzero(src_node != dst_node)
+        if cross.size:
+            _, first = np.unique(unit_key[cross] * cluster.nodes + dst_node[cross], return_index=True)
+            idx = cross[first]
+            nic = p.nic_gbps_per_node * 1e9
+            for node_of in (dst_node, src_node):
+                load = np.bincount(node_of[idx], weights=dm.nbytes[idx], minlength=cluster.nodes)
+                busiest = max(busiest, float(load.max()) / nic)
+    return busiest
+
+
+def input_rounds(dm: Demands, unit_key: np.ndarray, home: np.ndarray, cluster: Cluster, cost: CostModel,
+                 budget_first: np.ndarray, budget: np.ndarray, max_rounds: int,
+                 relay: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival round, source device) of every demand: the capacity-limited greedy of the module
+    docstring. A demand joins round r when every resource on its path, its bytes added, drains within
+    the receiver's round budget (seconds; ``budget_first`` for round 1, which hides behind the local
+    work of stage 0, ``budget`` after); the first transfer of a resource in a round always fits.
+    Round ``max_rounds`` takes whatever is left. ``relay=False``: every unit comes from its home."""
+    p = cost.profile
+    gpn, n_dev, n_nodes = cluster.gpus_per_node, cluster.n_devices, cluster.nodes
+    arrival = np.zeros(dm.n, dtype=np.int64)
+    source = np.full(dm.n, -1, dtype=np.int64)
+    if dm.n == 0:
+        return arrival, source
+    port, nic = p.nvlink_gbps * 1e9, p.nic_gbps_per_node * 1e9
+    home_dev = home[dm.tb].astype(np.int64)
+    density = dm.value / np.maximum(dm.nbytes, 1)
+    bucket = np.floor(np.log(np.maximum(density, 1e-300)) / np.log(1.25))  # equal within 25 %
+    ring = (dm.dev - home_dev) % n_dev
+    pending = np.lexsort((-density, ring, -bucket)).tolist()
+    dev_l, key_l, home_l = dm.dev.tolist(), unit_key.tolist(), home_dev.tolist()
+    bytes_l = dm.nbytes.astype(float).tolist()
+    node_of = [d // gpn for d in range(n_dev)]
+    holders: dict[int, list[int]] = {}  # unit -> devices holding it (home first), from earlier rounds
+    for rnd in range(1, max_rounds + 1):
+        last = rnd == max_rounds
+        bud = (budget_first if rnd == 1 else budget).tolist()
+        used_in, used_out = [0.0] * n_dev, [0.0] * n_dev
+        nic_in, nic_out = [0.0] * n_nodes, [0.0] * n_nodes
+        crossing: set[tuple[int, int]] = set()
+        fresh: list[tuple[int, int]] = []
+        waiting: list[int] = []
+        for i in pending:
+            d, key, b = dev_l[i], key_l[i], bytes_l[i]
+            cap_port, cap_nic = bud[d] * port, bud[d] * nic
+            if not last and used_in[d] > 0 and used_in[d] + b > cap_port:
+                waiting.append(i)
+                continue
+            nd = node_of[d]
+            hs = holders.get(key)
+            if hs is None:
+                hs = holders[key] = [home_l[i]]
+            best, best_load = -1, 0.0
+            for s in hs:  # the least busy holder in the consumer's node
+                if node_of[s] == nd and (best < 0 or used_out[s] < best_load):
+                    best, best_load = s, used_out[s]
+            cross = best < 0
+            if cross:
+                if relay and not last and (key, nd) in crossing:
+                    waiting.append(i)  # it enters this node this round: relayed from there next round
+                    continue
+                best_pair = None
+                for s in hs:  # the holder whose node's NIC, then port, is least busy
+                    pair = (nic_out[node_of[s]], used_out[s])
+                    if best_pair is None or pair < best_pair:
+                        best, best_pair = s, pair
+                ns = node_of[best]
+                if not last and ((nic_out[ns] > 0 and nic_out[ns] + b > cap_nic) or
+                                 (nic_in[nd] > 0 and nic_in[nd] + b > cap_nic)):
+                    waiting.append(i)
+                    continue
+            if not last and used_out[best] > 0 and used_out[best] + b > cap_port:
+                waiting.append(i)
+                continue
+            arrival[i], source[i] = rnd, best
+            used_in[d] += b
+            used_out[best] += b
+            if cross:
+                nic_out[node_of[best]] += b
+                nic_in[nd] += b
+                crossing.add((key, nd))
+            fresh.append((key, d))
+        if relay:
+            for key, d in fresh:
+                holders[key].append(d)
+        pending = waiting
+        if not pending:
+            break
+    return arrival, source
+
+
+def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarray, tile_time: np.ndarray,
+                staged: np.ndarray, n_stages: int) -> np.ndarray:
+    """Stage of every tile (module docstring). ``release[t]``: the round its last input arrives (0:
+    local inputs, and then local outputs too); ``out_unit[t]``: a partial output of the tile that
+    belongs to another device (-1: none) — tiles of one such unit are kept together, units whose tiles
+    are all released first, so each partial is complete (and leaves) as early as possible;
+    ``staged[d]``: device d takes part in transfers after round 1, so it computes in stages
+    0..max(n_stages, last release) paced to its compute per round (others compute everything as soon
+    as it is released: at most two fused calls)."""
+    stage = np.array(release, dtype=np.int64)
+    order = np.lexsort((np.arange(tile_device.size), tile_device))
+    cuts = np.flatnonzero(np.r_[True, tile_device[order][1:] != tile_device[order][:-1], True])
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        t = order[a:b]
+        if not staged[tile_device[t[0]]]:
             continue
-        q_remote = home[tiles.q_tb[t_idx]] != d
-        kv_remote = home[tiles.kv_tb[t_idx]] != d
-        keys = np.concatenate([q_key[t_idx][q_remote] * 2, kv_key[t_idx][kv_remote] * 2 + 1])
-        ukeys, inv = np.unique(keys, return_inverse=True)
-        uq = np.full(t_idx.size, -1, dtype=np.int64)
-        ukv = np.full(t_idx.size, -1, dtype=np.int64)
-        uq[q_remote] = inv[:q_remote.sum()]
-        ukv[kv_remote] = inv[q_remote.sum():]
-        side = ukeys % 2
-        tb = ukeys // 2 // nhb
-        src = home[tb]
-        nbytes = np.where(side == 0, unit_bytes(spec, layout, Kind.Q, tb), unit_bytes(spec, layout, Kind.KV, tb))
-        utime = cost.transfer_s(nbytes, src // gpn != d // gpn, gpn)
-        urnd, stage = _device_stages(utime, uq, ukv, tile_time[t_idx], stage_target, max_stages)
-        tile_stage[t_idx] = stage
-        rows.append(np.stack([side, tb, ukeys // 2 % nhb, src, np.full_like(tb, d), urnd], axis=1))
-    inputs = np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
-    if inputs.shape[0] == 0:
-        # nothing moves (every tile sits with its data): one stage, one kernel call per device
-        tile_stage[:] = 0
-    outputs = _output_routes(tiles, home, tile_device, tile_stage, nhb)
-    if two_phase and cluster.nodes > 1:
-        inputs = _relay_inputs(inputs, gpn)
-        outputs = _merge_outputs(outputs, gpn)
-    return tile_stage, Routes(inputs, outputs)
+        rel, unit, tt = release[t], out_unit[t], tile_time[t]
+        out = unit >= 0
+        last = max(int(rel.max()), n_stages)
+        # when a unit's partial could be complete: the latest release among its tiles here
+        ready = np.zeros(t.size, dtype=np.int64)
+        if out.any():
+            uu, inv = np.unique(unit[out], return_inverse=True)
+            unit_ready = np.zeros(uu.size, dtype=np.int64)
+            np.maximum.at(unit_ready, inv, rel[out])
+            ready[out] = unit_ready[inv]
+        target = float(tt.sum()) / (last + 1)
+        local = np.flatnonzero(rel == 0)
+        st = np.full(t.size, -1, dtype=np.int64)
+        st[local[np.cumsum(tt[local]) - tt[local] < target]] = 0  # stage 0 hides round 1
+        if out.any():  # local work kept for the last stage, so the partials sent before it travel meanwhile
+            rest = local[st[local] < 0][::-1]
+            st[rest[np.cumsum(tt[rest]) <= target]] = last
+        for s in range(1, last):
+            cand = np.flatnonzero((st < 0) & (rel <= s))
+            if cand.size == 0:
+                continue
+            # partials leave early: remote-output tiles first, a unit's tiles together, ready units first
+            cand = cand[np.lexsort((cand, rel[cand], unit[cand], ready[cand], ~out[cand]))]
+            st[cand[np.cumsum(tt[cand]) - tt[cand] < target]] = s
+        st[st < 0] = last
+        stage[t] = st
+    return stage
 
 
-def _output_routes(tiles, home, tile_device, tile_stage, nhb):
-    """One row per (side, unit, device ≠ home): sent at (last stage of its tiles there) + 2."""
+def output_routes(tiles: TileSet, home: np.ndarray, tile_device: np.ndarray, tile_stage: np.ndarray,
+                  nhb: int, direction: str) -> np.ndarray:
+    """One row per (side, unit, device ≠ home): sent in (last stage of its tiles there) + 2. The
+    forward has q-side partials (O) only; the backward both sides (DQ, DKV)."""
     rows = []
-    for side, blocks in ((0, tiles.q_tb), (1, tiles.kv_tb)):
+    n_dev = int(tile_device.max()) + 1 if tile_device.size else 1
+    sides = ((0, tiles.q_tb),) if direction == "forward" else ((0, tiles.q_tb), (1, tiles.kv_tb))
+    for side, blocks in sides:
         remote = tile_device != home[blocks]
-        key = (blocks[remote].astype(np.int64) * nhb + tiles.hb[remote]) * (tile_device.max() + 1) + tile_device[remote]
+        key = (blocks[remote].astype(np.int64) * nhb + tiles.hb[remote]) * n_dev + tile_device[remote]
         ukey, inv = np.unique(key, return_inverse=True)
         last = np.zeros(ukey.size, dtype=np.int64)
         np.maximum.at(last, inv, tile_stage[remote])
-        dev = ukey % (tile_device.max() + 1)
-        unit = ukey // (tile_device.max() + 1)
+        dev, unit = ukey % n_dev, ukey // n_dev
         tb = unit // nhb
         rows.append(np.stack([np.full_like(tb, side), tb, unit % nhb, dev, home[tb], last + 2], axis=1))
-    return np.concatenate(rows)
+    return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 6), dtype=np.int64)
 
 
-def _relay_inputs(inputs: np.ndarray, gpn: int) -> np.ndarray:
-    """Two-phase multicast: within each remote node, the earliest consumer relays to later ones."""
-    out = inputs.copy()
-    node_dst = out[:, 4] // gpn
-    remote = node_dst != out[:, 3] // gpn
-    key = np.stack([out[:, 0], out[:, 1], out[:, 2], node_dst], axis=1)[remote]
-    idx = np.flatnonzero(remote)
-    if idx.size == 0:
-        return out
-    order = np.lexsort((out[idx, 4], out[idx, 5], key[:, 3], key[:, 2], key[:, 1], key[:, 0]))
-    idx, key = idx[order], key[order]
-    new_group = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
-    group_first = idx[np.maximum.accumulate(np.where(new_group, np.arange(idx.size), 0))]
-    later = ~new_group & (out[idx, 5] > out[group_first, 5])
-    out[idx[later], 3] = out[group_first[later], 4]  # relay from the gateway (it has it a round earlier)
-    return out
-
-
-def _merge_outputs(outputs: np.ndarray, gpn: int) -> np.ndarray:
+def merge_outputs(outputs: np.ndarray, gpn: int) -> np.ndarray:
     """Node-level reduction: partials of one unit from several GPUs of a remote node meet on the GPU
     that is ready last, which sends the merged partial home one round after the others arrive."""
     out = outputs.copy()
     node_src = out[:, 3] // gpn
-    remote = node_src != out[:, 4] // gpn
-    idx = np.flatnonzero(remote)
+    idx = np.flatnonzero(node_src != out[:, 4] // gpn)
     if idx.size == 0:
         return out
     key = np.stack([out[idx, 0], out[idx, 1], out[idx, 2], node_src[idx]], axis=1)
@@ -194,10 +294,58 @@ def _merge_outputs(outputs: np.ndarray, gpn: int) -> np.ndarray:
     members = ~new_group
     if not members.any():
         return out
-    agg = head[gid[members]]
-    out[idx[members], 4] = out[agg, 3]
-    latest_member = np.zeros(head.size, dtype=np.int64)
-    np.maximum.at(latest_member, gid[members], out[idx[members], 5])
-    has_members = np.bincount(gid[members], minlength=head.size) > 0
-    out[head[has_members], 5] = np.maximum(out[head[has_members], 5], latest_member[has_members] + 1)
+    out[idx[members], 4] = out[head[gid[members]], 3]
+    latest = np.zeros(head.size, dtype=np.int64)
+    np.maximum.at(latest, gid[members], out[idx[members], 5])
+    has = np.bincount(gid[members], minlength=head.size) > 0
+    out[head[has], 5] = np.maximum(out[head[has], 5], latest[has] + 1)
     return out
+
+
+def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
+             tile_device: np.ndarray, tile_time: np.ndarray, cost: CostModel, direction: str = "forward",
+             max_stages: int = 4, two_phase: bool = True) -> Schedule:
+    """The schedule of one direction for a placement (module docstring). ``tile_time``: that
+    direction's modelled seconds per tile; ``max_stages``: rounds of transfers aimed for (a round
+    carries about 1/max_stages of the busiest resource's bytes, or one stage's compute if more)."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    home = np.asarray(home, dtype=np.int64)
+    tile_device = np.asarray(tile_device, dtype=np.int64)
+    tile_time = np.asarray(tile_time, dtype=float)
+    nhb = layout.n_head_blocks
+    dm = find_demands(spec, layout, tiles, home, tile_device, tile_time, direction)
+    key = _unit_key(dm, layout.n_token_blocks, nhb)
+    n = cluster.n_devices
+    target = np.bincount(tile_device, weights=tile_time, minlength=n) / (max_stages + 1)
+    local = (dm.tile_q < 0) & (dm.tile_kv < 0)
+    stage0 = np.minimum(target, np.bincount(tile_device[local], weights=tile_time[local], minlength=n))
+    floor = comm_floor(dm, key, home, cluster, cost) / max_stages
+    arrival, source = input_rounds(dm, key, home, cluster, cost, np.maximum(stage0, floor),
+                                   np.maximum(target, floor), 2 * max_stages, two_phase)
+    release = np.zeros(tiles.n_tiles, dtype=np.int64)
+    for col in (dm.tile_q, dm.tile_kv):
+        has = col >= 0
+        release[has] = np.maximum(release[has], arrival[col[has]])
+    q_out = home[tiles.q_tb] != tile_device
+    kv_out = home[tiles.kv_tb] != tile_device
+    q_unit = tiles.q_tb.astype(np.int64) * nhb + tiles.hb
+    kv_unit = tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
+    out_unit = np.where(q_out, 2 * q_unit, -1)
+    if direction == "backward":  # a remote dKV unit first: it is the side a q-stationary plan sends back
+        out_unit = np.where(kv_out, 2 * kv_unit + 1, out_unit)
+    # devices that send or receive after round 1: inputs of later rounds, partials either way
+    staged = np.zeros(cluster.n_devices, dtype=bool)
+    late = arrival >= 2
+    staged[dm.dev[late]] = True
+    staged[source[late]] = True
+    for out, blocks in ((q_out, tiles.q_tb), (kv_out, tiles.kv_tb)) if direction == "backward" else ((q_out, tiles.q_tb),):
+        staged[tile_device[out]] = True
+        staged[home[blocks[out]]] = True
+    stage = tile_stages(tile_device, release, out_unit, tile_time, staged, max_stages)
+    inputs = np.stack([dm.side, dm.tb, dm.hb, source, dm.dev, arrival], axis=1).astype(np.int64) \
+        if dm.n else np.zeros((0, 6), dtype=np.int64)
+    outputs = output_routes(tiles, home, tile_device, stage, nhb, direction)
+    if two_phase and cluster.nodes > 1:
+        outputs = merge_outputs(outputs, cluster.gpus_per_node)
+    return Schedule(direction, stage, Routes(inputs, outputs))

@@ -29,7 +29,7 @@ def _spawn(world: int, scenario, tmp_path) -> list:
 
 def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seqlens=(23, 6, 17, 1)):
     from dcp.cluster import Cluster
-    from dcp.config import PlannerConfig
+    from dcp.config import PlannerConfig, SearchConfig
     from dcp.masks import CausalMask, DocumentMask, FullMask, LambdaMask, SharedQuestionMask
     from dcp.partition import GreedyPartitioner
     from dcp.planner import plan
@@ -41,7 +41,9 @@ def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seql
         "document": [DocumentMask(doc_lengths=(n // 2, n - n // 2)) if n > 1 else CausalMask() for n in seqlens],
     }[family]
     spec = BatchSpec(list(seqlens), masks, 4, 2, 8, dtype=dtype)
-    cfg = PlannerConfig(block_size=3, head_block_size=2, partitioner=GreedyPartitioner(), time_budget_s=None)
+    # the hypergraph candidate alone: it moves data on these small batches (a packing would not)
+    cfg = PlannerConfig(block_size=3, head_block_size=2, partitioner=GreedyPartitioner(), time_budget_s=None,
+                        search=SearchConfig(pack_epsilons=()))
     return plan(spec, Cluster(nodes, world // nodes), cfg)
 
 

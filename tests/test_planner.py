@@ -14,7 +14,8 @@ from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartit
 from dcp.plan import CommLaunch, CommWait, Compute, Reduce
 from _budget import n_examples
 
-GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
+HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=())
+GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None, search=HYPERGRAPH_ONLY)
 
 
 def mask_strategy():
@@ -122,7 +123,7 @@ def test_real_partitioners_meet_balance_and_beat_greedy(partitioner):
     spec = dcp.BatchSpec(rng.integers(200, 3000, 12), M.CausalMask(), 4, 2, 32)
     cluster = dcp.Cluster(2, 4)
     greedy = dcp.plan(spec, cluster, dcp.PlannerConfig(block_size=128, **GREEDY)).stats()
-    cfg = dcp.PlannerConfig(block_size=128, partitioner=partitioner, seed=1)
+    cfg = dcp.PlannerConfig(block_size=128, partitioner=partitioner, seed=1, search=HYPERGRAPH_ONLY)
     stats = dcp.plan(spec, cluster, cfg).stats()
     assert stats.valid
     assert stats.compute_imbalance <= 1.2
@@ -199,10 +200,20 @@ class _SlowPartitioner(Partitioner):
 
 def test_partitioner_timeout_falls_back_with_warning():
     spec = dcp.BatchSpec([500, 700], M.CausalMask(), 2, 1, 8)
-    cfg = dcp.PlannerConfig(block_size=64, partitioner=_SlowPartitioner(), time_budget_s=0.5)
+    cfg = dcp.PlannerConfig(block_size=64, partitioner=_SlowPartitioner(), time_budget_s=0.5, search=HYPERGRAPH_ONLY)
     with pytest.warns(RuntimeWarning, match="budget"):
         plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
     assert plan.stats().valid and any("fell back" in n for n in plan.notes)
+
+
+def test_timed_out_partitioner_leaves_the_packings():
+    """With packings to choose from, a partitioner past its budget only drops the hypergraph candidate."""
+    spec = dcp.BatchSpec([500, 700], M.CausalMask(), 2, 1, 8)
+    cfg = dcp.PlannerConfig(block_size=64, partitioner=_SlowPartitioner(), time_budget_s=0.5)
+    with pytest.warns(RuntimeWarning, match="budget"):
+        plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
+    assert plan.stats().valid and any("dropped" in n for n in plan.notes)
+    assert plan.meta["search_chosen"].startswith("pack") and "hypergraph" not in plan.meta["search_candidates"]
 
 
 def test_partitioner_failure_falls_back_with_warning():
@@ -308,7 +319,8 @@ def test_validator_rejects_wrong_placement_arrays(busy_plan):
 def test_two_phase_reduces_inter_node_bytes():
     rng = np.random.default_rng(5)
     spec = dcp.BatchSpec(rng.integers(500, 4000, 10), M.CausalMask(), 4, 2, 32)
-    base = dict(block_size=128, partitioner=MtKaHyParPartitioner(), seed=0)
+    base = dict(block_size=128, partitioner=MtKaHyParPartitioner(preset="deterministic"), seed=0,
+                search=HYPERGRAPH_ONLY)
     one = dcp.plan(spec, dcp.Cluster(2, 4), dcp.PlannerConfig(two_phase=False, **base)).stats()
     two = dcp.plan(spec, dcp.Cluster(2, 4), dcp.PlannerConfig(two_phase=True, **base)).stats()
     assert two.comm_bytes_inter_node <= one.comm_bytes_inter_node

@@ -12,6 +12,7 @@ import atexit
 import multiprocessing as mp
 import os
 import threading
+import time
 
 from dcp.errors import PartitionerError
 from dcp.lifeline import detach_stdio, started_from_main_thread, tie_to_parent
@@ -67,7 +68,14 @@ class _Worker:
 
     def call(self, fn, args, timeout_s: float | None):
         """Run ``fn(*args)`` (a module-level function; args picklable) in the worker."""
-        with self._lock:
+        return self.submit(fn, args, timeout_s).result()
+
+    def submit(self, fn, args, timeout_s: float | None) -> "Pending":
+        """Start ``fn(*args)`` in the worker and return at once; ``Pending.result()`` waits for it (the
+        budget counts from now), so the caller can work meanwhile. The worker serves one job at a time:
+        until ``result()`` or ``cancel()``, other callers wait."""
+        self._lock.acquire()
+        try:
             if self._proc is None or not self._proc.is_alive():
                 self.stop()
                 self._start()
@@ -75,18 +83,52 @@ class _Worker:
                 self._conn.send((fn, args))
             except Exception as err:  # e.g. an unpicklable partitioner
                 raise PartitionerError(f"cannot hand the job to the partitioner process: {err}") from err
-            if not self._conn.poll(timeout_s):
-                self.stop()
-                raise PartitionerTimeout(f"partitioning exceeded its {timeout_s:.1f} s budget")
+        except BaseException:
+            self._lock.release()
+            raise
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return Pending(self, deadline, timeout_s)
+
+
+class Pending:
+    """A job running in the worker (``_Worker.submit``)."""
+
+    def __init__(self, worker: _Worker, deadline: float | None, timeout_s: float | None):
+        self._worker, self._deadline, self._timeout_s = worker, deadline, timeout_s
+        self._done = False
+
+    def result(self):
+        """The job's return value; ``PartitionerTimeout`` past the budget (the worker is killed, a fresh
+        one serves the next job), ``PartitionerError`` if the job failed or the worker died."""
+        if self._done:
+            raise PartitionerError("this job's result was already taken")
+        w = self._worker
+        try:
+            wait = None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+            if not w._conn.poll(wait):
+                w.stop()
+                raise PartitionerTimeout(f"partitioning exceeded its {self._timeout_s:.1f} s budget")
             try:
-                status, payload = self._conn.recv()
+                status, payload = w._conn.recv()
             except EOFError:
-                code = self._proc.exitcode
-                self.stop()
+                code = w._proc.exitcode
+                w.stop()
                 raise PartitionerError(f"partitioner process died (exit code {code})") from None
+        finally:
+            self._done = True
+            w._lock.release()
         if status != "ok":
             raise PartitionerError(payload)
         return payload
+
+    def cancel(self) -> None:
+        """Abandon the job: the worker is killed (a job cannot be interrupted) and restarts on next use."""
+        if not self._done:
+            self._done = True
+            try:
+                self._worker.stop()
+            finally:
+                self._worker._lock.release()
 
 
 WORKER = _Worker()

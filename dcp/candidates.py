@@ -1,0 +1,103 @@
+"""Candidate plans and how the planner scores them.
+
+A *candidate* is a placement (a block layout, the home of every token block, the device of every tile)
+with one schedule per direction. ``evaluate`` schedules a placement at every stage count it is given,
+estimates each schedule's makespan with ``dcp.sim.estimate`` (the simulator's program and cost rules,
+vectorized; milliseconds), and keeps the fastest per direction, so the planner can compare many
+balance/communication trade-offs for about the cost of one hypergraph partition.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.blocks import BlockLayout, TileSet
+from dcp.cluster import Cluster
+from dcp.cost import CostModel
+from dcp.schedule import Schedule, schedule
+from dcp.sim.estimate import estimate_makespan_s
+from dcp.spec import BatchSpec
+from dcp.units import Kind, bytes_per_token
+
+_OUT_KINDS = {"forward": (Kind.O, None), "backward": (Kind.DQ, Kind.DKV)}
+_IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
+
+
+@dataclass(frozen=True, eq=False)
+class Candidate:
+    """A placement with its best schedule per direction and what they are estimated to cost."""
+
+    label: str
+    layout: BlockLayout
+    tiles: TileSet
+    home: np.ndarray
+    tile_device: np.ndarray
+    forward: Schedule
+    backward: Schedule
+    forward_s: float
+    backward_s: float
+    comm_bytes: int
+    compute_imbalance: float
+    stages: tuple[int, int]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def time_s(self) -> float:
+        """Estimated forward + backward makespan (seconds)."""
+        return self.forward_s + self.backward_s
+
+    def summary(self) -> dict:
+        return {"forward_ms": round(self.forward_s * 1e3, 4), "backward_ms": round(self.backward_s * 1e3, 4),
+                "comm_bytes": int(self.comm_bytes), "compute_imbalance": round(self.compute_imbalance, 4),
+                "stages": list(self.stages)}
+
+
+def tile_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, direction: str) -> np.ndarray:
+    """Modelled seconds of every tile alone in ``direction`` (orders stages and transfers)."""
+    q_len, kv_len = layout.tb_len[tiles.q_tb], layout.tb_len[tiles.kv_tb]
+    if direction == "forward":
+        return cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full)
+    return cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full)
+
+
+def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int:
+    """Bytes every transfer of the schedule moves (inputs and partial outputs), as ``plan.stats()``."""
+    bpt = bytes_per_token(spec, layout)
+    total = 0
+    for rows, kinds in ((sched.routes.inputs, _IN_KINDS[sched.direction]),
+                        (sched.routes.outputs, _OUT_KINDS[sched.direction])):
+        for side in (0, 1):
+            if kinds[side] is None or rows.size == 0:
+                continue
+            sel = rows[:, 0] == side
+            total += int(bpt[kinds[side]] * layout.tb_len[rows[sel, 1]].astype(np.int64).sum())
+    return total
+
+
+def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
+             tile_device: np.ndarray, cost: CostModel, stage_counts: tuple[int, ...], two_phase: bool,
+             notes: tuple[str, ...] = ()) -> Candidate:
+    """Schedule a placement at each stage count, per direction keep the one estimated fastest."""
+    home = np.asarray(home, dtype=np.int64)
+    tile_device = np.asarray(tile_device, dtype=np.int64)
+    best = {}
+    for direction in ("forward", "backward"):
+        tt = tile_times(cost, layout, tiles, direction)
+        for s in stage_counts:
+            sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
+            est = estimate_makespan_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)
+            if direction not in best or est < best[direction][0]:
+                best[direction] = (est, s, sched)
+    flops = np.bincount(tile_device, weights=tiles.fwd_flops, minlength=cluster.n_devices)
+    imbalance = float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0
+    fwd, bwd = best["forward"], best["backward"]
+    comm = schedule_bytes(spec, layout, fwd[2]) + schedule_bytes(spec, layout, bwd[2])
+    return Candidate(label, layout, tiles, home, tile_device, fwd[2], bwd[2], fwd[0], bwd[0], comm, imbalance,
+                     (fwd[1], bwd[1]), tuple(notes))
+
+
+def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:
+    """Whether a packing gave the same layout and homes as candidate ``a`` (skip re-evaluating it)."""
+    return (a.layout.tb_len.size == layout.tb_len.size and np.array_equal(a.layout.tb_start, layout.tb_start)
+            and np.array_equal(a.home, home))
