@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make ``dcp`` and ``experiments
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dcp  # noqa: E402
-from dcp.integration import DCPAttention, DCPLoader, Sample, WorkerConfig  # noqa: E402
+from dcp.integration import DCPAttention, DCPLoader, Sample, WorkerConfig, sum_gradients  # noqa: E402
 from experiments.gpt import GPT, GPTConfig  # noqa: E402
 
 SMALL_MASK_DEFAULTS = {  # mask parameters that suit the short synthetic sequences
@@ -140,16 +140,31 @@ def planner_config(cfg: TrainConfig) -> dcp.PlannerConfig:
 
 
 # --------------------------------------------------------------------------------------------- training
-def _allreduce_grads(params: list, group) -> None:
-    """Sum the gradients of replicated parameters over the ranks (one flat buffer)."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    offset = 0
+def share_cores(threads: int | None, world_size: int) -> None:
+    """``threads`` intra-op threads; by default, when distributed, the cores shared among the processes."""
+    if threads:
+        torch.set_num_threads(threads)
+    elif world_size > 1:  # share the cores instead of oversubscribing them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+
+
+def broadcast_parameters(params, group) -> None:
+    """Group rank 0's values into every rank's ``params`` (the seed already makes them equal; this makes it
+    certain)."""
+    src = dist.get_global_rank(group, 0) if group is not None else 0
     for p in params:
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
-        offset += n
+        dist.broadcast(p.data, src=src, group=group)
+
+
+def finish(result: TrainResult, loader: DCPLoader, cfg, rank: int, world_size: int) -> TrainResult:
+    """Add the loader's statistics and rejected samples to ``result``; rank 0 writes ``cfg.log_json``."""
+    result.loader_stats = loader.stats()
+    result.rejected = [(e.sample_id, e.length, e.reason) for e in loader.rejected]
+    if rank == 0 and cfg.log_json:
+        with open(cfg.log_json, "w") as f:
+            json.dump({"config": asdict(cfg), "world_size": world_size, "records": result.records,
+                       "loader": result.loader_stats, "rejected": result.rejected}, f, indent=1, default=str)
+    return result
 
 
 class Progress:
@@ -188,10 +203,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1, group=None,
                        cfg.kv_heads, cfg.dim // cfg.heads, cfg.dtype, rank=rank, world_size=world_size, group=group,
                        lookahead=cfg.lookahead, worker=WorkerConfig(mode=cfg.planner), device=device)
     loader.start()  # the planner process boots while the model is built
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    elif world_size > 1:  # share the cores instead of oversubscribing them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    share_cores(cfg.threads, world_size)
     dtype = getattr(torch, cfg.dtype)
     torch.manual_seed(cfg.seed)
     mcfg = GPTConfig(vocab_size=cfg.vocab, dim=cfg.dim, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
@@ -200,8 +212,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1, group=None,
     model = GPT(mcfg, attention).to(device=device, dtype=dtype)
     params = [p for p in model.parameters()]
     if world_size > 1:
-        for p in params:  # identical start on every rank (the seed already makes it so; this makes it certain)
-            dist.broadcast(p.data, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        broadcast_parameters(params, group)
     if cfg.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     else:
@@ -221,7 +232,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1, group=None,
             loss.backward()
             total = loss.detach().clone()
             if world_size > 1:
-                _allreduce_grads(params, group)
+                sum_gradients(model, group)
                 dist.all_reduce(total, group=group)
             if step in cfg.grad_steps:
                 result.grads[step] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -242,13 +253,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1, group=None,
         progress.close()
         batches.close()
         loader.close()
-    result.loader_stats = loader.stats()
-    result.rejected = [(e.sample_id, e.length, e.reason) for e in loader.rejected]
-    if rank == 0 and cfg.log_json:
-        with open(cfg.log_json, "w") as f:
-            json.dump({"config": asdict(cfg), "world_size": world_size, "records": result.records,
-                       "loader": result.loader_stats, "rejected": result.rejected}, f, indent=1, default=str)
-    return result
+    return finish(result, loader, cfg, rank, world_size)
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -294,8 +299,9 @@ def parse_args(argv=None) -> TrainConfig:
                    log_json=a.log_json, quiet=a.quiet)
 
 
-def main(argv=None) -> int:
-    cfg = parse_args(argv)
+def run_torchrun(run: Callable[[int, int, torch.device], TrainResult]) -> tuple[int, int, TrainResult]:
+    """``(rank, world, run(rank, world, device))`` in a process that torchrun started (or a lone process):
+    joins the default process group (NCCL on CUDA, else gloo) when there are several, and leaves it."""
     # torchrun's launch protocol: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR are set by the launcher
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -309,10 +315,16 @@ def main(argv=None) -> int:
     elif torch.cuda.is_available():
         device = torch.device("cuda")
     try:
-        result = train(cfg, rank, world, None, device)
+        result = run(rank, world, device)
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+    return rank, world, result
+
+
+def main(argv=None) -> int:
+    cfg = parse_args(argv)
+    rank, world, result = run_torchrun(lambda rank, world, device: train(cfg, rank, world, None, device))
     if rank == 0 and not cfg.quiet:
         s = result.loader_stats
         print(f"done: {len(result.records)} steps on {world} process(es); final loss {result.losses[-1]:.4f}; "

@@ -19,12 +19,10 @@ Data: ``experiments.train_gpt.synthetic_samples`` (phrase chains, half with a re
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
@@ -37,7 +35,8 @@ if __package__ in (None, ""):  # run as a script: make ``dcp`` and ``experiments
 import dcp  # noqa: E402
 from dcp.integration import DCPBatch, DCPLoader, Sample, WorkerConfig  # noqa: E402
 from dcp.integration import hf as dcp_hf  # noqa: E402
-from experiments.train_gpt import SMALL_MASK_DEFAULTS, TrainConfig, TrainResult, synthetic_samples  # noqa: E402
+from experiments.train_gpt import (SMALL_MASK_DEFAULTS, Progress, TrainConfig, TrainResult,  # noqa: E402
+                                   broadcast_parameters, finish, run_torchrun, share_cores, synthetic_samples)
 
 FAMILIES = ("llama", "qwen2")
 ATTENTIONS = ("dcp", "sdpa", "eager")
@@ -139,20 +138,15 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
     if cfg.attn not in ATTENTIONS or (cfg.attn != "dcp" and world_size > 1):
         raise SystemExit(f"--attn must be one of {ATTENTIONS}; sdpa/eager (the reference) run on one process")
     device = device or torch.device("cpu")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    elif world_size > 1:  # share the cores instead of oversubscribing them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    share_cores(cfg.threads, world_size)
     dtype = getattr(torch, cfg.dtype)
     if cfg.attn == "dcp":
         dcp_hf.register(group=group, kernels=cfg.kernels, timeout=cfg.peer_timeout_s)
     torch.manual_seed(cfg.seed)
     model = AutoModelForCausalLM.from_config(model_config(cfg), attn_implementation=cfg.attn)
     model.to(device=device, dtype=dtype).train()
-    if world_size > 1:  # identical start on every rank (the seed already makes it so; this makes it certain)
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        for p in model.parameters():
-            dist.broadcast(p.data, src=src, group=group)
+    if world_size > 1:
+        broadcast_parameters(model.parameters(), group)
     planner_config = dcp.PlannerConfig(block_size=cfg.block_size, partitioner=dcp.GreedyPartitioner(), seed=cfg.seed,
                                        time_budget_s=None)
     loader = DCPLoader(samples(cfg), dcp.Cluster(1, world_size), planner_config, cfg.tokens_per_batch,
@@ -160,6 +154,7 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
                        lookahead=cfg.lookahead, worker=WorkerConfig(mode=cfg.planner), device=device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     result = TrainResult()
+    progress = Progress(cfg.steps, 1, enabled=rank == 0 and not cfg.quiet)
     t_prev = time.perf_counter()
     batches = iter(loader)
     try:
@@ -181,19 +176,12 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
             result.records.append({"step": step, "loss": float(total), "tokens": batch.num_tokens, "step_s": step_s,
                                    "tokens_per_s": batch.num_tokens / step_s, "waited_s": batch.waited_s,
                                    "sequences": len(batch.sample_ids), "local_tokens": batch.n_local})
-            if rank == 0 and not cfg.quiet:
-                print(f"step {step + 1:>4}/{cfg.steps}  loss {float(total):.4f}  "
-                      f"tok/s {batch.num_tokens / step_s:,.0f}", flush=True)
+            progress.update(step, cfg.steps, f"loss {float(total):.4f}  tok/s {batch.num_tokens / step_s:,.0f}")
     finally:
+        progress.close()
         batches.close()
         loader.close()
-    result.loader_stats = loader.stats()
-    result.rejected = [(e.sample_id, e.length, e.reason) for e in loader.rejected]
-    if rank == 0 and cfg.log_json:
-        with open(cfg.log_json, "w") as f:
-            json.dump({"config": asdict(cfg), "world_size": world_size, "records": result.records,
-                       "loader": result.loader_stats, "rejected": result.rejected}, f, indent=1, default=str)
-    return result
+    return finish(result, loader, cfg, rank, world_size)
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -225,23 +213,7 @@ def parse_args(argv=None) -> HFTrainConfig:
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
-    # torchrun's launch protocol: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR are set by the launcher
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    device = torch.device("cpu")
-    if world > 1:
-        use_cuda = torch.cuda.is_available()
-        if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            device = torch.device("cuda", torch.cuda.current_device())
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(minutes=5))
-    elif torch.cuda.is_available():
-        device = torch.device("cuda")
-    try:
-        result = train(cfg, rank, world, None, device)
-    finally:
-        if world > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+    rank, world, result = run_torchrun(lambda rank, world, device: train(cfg, rank, world, None, device))
     if rank == 0 and not cfg.quiet:
         print(f"done: {cfg.family} with {cfg.attn} attention, {len(result.records)} steps on {world} process(es); "
               f"loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}; rejected samples: {len(result.rejected)}")

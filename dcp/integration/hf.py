@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.errors import DcpError
-from dcp.integration.loader import DCPBatch
-from dcp.integration.module import DCPAttention
+from dcp.integration.loader import IGNORE_INDEX, DCPBatch
+from dcp.integration.module import DCPAttention, sum_gradients
 from dcp.masks import CausalMask, ranges_to_dense
 from dcp.plan import Plan
 from dcp.spec import BatchSpec
@@ -125,7 +125,9 @@ class HFDCPAttention:
         self._rows = (plan, home)
         return home
 
-    def _check(self, attn: DCPAttention, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float, kwargs: dict) -> Plan:
+    def _check(self, attn: DCPAttention, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float,
+               kwargs: dict) -> tuple[Plan, int]:
+        """The plan and how many of the plan's rows this process runs, once the inputs passed every check."""
         plan = kwargs.get(PLAN_KWARG)
         if not isinstance(plan, Plan):
             raise PackedInputError(f"the 'dcp' attention needs the batch's plan: call the model with "
@@ -143,18 +145,20 @@ class HFDCPAttention:
         if dropout:
             raise UnsupportedAttentionError(f"attention dropout {dropout} is not computed by dcp: set the config's "
                                             "attention_dropout to 0")
-        for key, what in _UNSUPPORTED_KWARGS.items():
-            if kwargs.get(key) is not None:
-                raise UnsupportedAttentionError(f"{what} ({key}={kwargs[key]!r}) is not computed by dcp")
+        for name, what in _UNSUPPORTED_KWARGS.items():
+            if kwargs.get(name) is not None:
+                raise UnsupportedAttentionError(f"{what} ({name}={kwargs[name]!r}) is not computed by dcp")
         window = kwargs.get("sliding_window")
         if window is not None:
             _check_window(plan.spec, int(window))
-        for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
-            cu = kwargs.get(key)
+        for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            cu = kwargs.get(name)
             if cu is not None and not np.array_equal(cu.detach().cpu().numpy().reshape(-1), plan.spec.cu_seqlens):
-                raise PackedInputError(f"{key} does not describe the plan's sequences (lengths "
+                raise PackedInputError(f"{name} does not describe the plan's sequences (lengths "
                                        f"{plan.spec.seqlens[:8]}...): give the whole packed batch's cu_seqlens or none")
         home = self._home_positions(attn, plan, query.device)
+        if home.numel() == 0 and query.shape[2] == 1:  # an idle rank's placeholder token (see model_inputs)
+            return plan, 0
         if query.shape[2] != home.numel():
             raise PackedInputError(f"the model got {query.shape[2]} tokens; this process runs {home.numel()} rows "
                                    f"of the plan: feed the batch's tokens (input_ids=batch.tokens[None])")
@@ -163,15 +167,21 @@ class HFDCPAttention:
             raise PackedInputError("position_ids are not the batch's per-sequence positions of this rank's tokens: "
                                    "pass position_ids=batch.positions[None] (without them transformers numbers the "
                                    "rank's tokens 0..n-1 and RoPE rotates them wrongly)")
-        return plan
+        return plan, home.numel()
 
     def __call__(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                  **kwargs) -> tuple[torch.Tensor, None]:
         attn = self.attention(None if scaling is None else float(scaling))
-        plan = self._check(attn, query, key, attention_mask, dropout, kwargs)
+        plan, rows = self._check(attn, query, key, attention_mask, dropout, kwargs)
         q_thd, k_thd, v_thd = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [n, H, D]
-        o_thd = attn(q_thd, k_thd, v_thd, plan)
+        if rows == 0:
+            # an idle rank still runs the plan's (empty) attention, forward and backward, with the others; its
+            # placeholder row gets a zero output that stays in the graph through the empty one
+            o_thd = attn(q_thd[:0], k_thd[:0], v_thd[:0], plan)
+            o_thd = torch.cat([o_thd, torch.zeros_like(q_thd)])
+        else:
+            o_thd = attn(q_thd, k_thd, v_thd, plan)
         return o_thd.unsqueeze(0), None  # [1, n, Hq, D]: transformers flattens the heads itself
 
 
@@ -214,9 +224,16 @@ def model_inputs(batch: DCPBatch) -> dict:
     only when it is given. ``num_items_in_batch`` is the whole batch's label count, so ``.loss`` is this
     rank's summed token loss over the GLOBAL count and the ranks' losses sum to the batch mean.
     ``use_cache`` is False: a training step needs no KV cache.
+
+    A rank that the plan leaves idle (no home tokens, ``plan.stats().idle_devices``) gets one placeholder
+    token (id 0, position 0, label ignored), as transformers' layers cannot run on zero tokens: its
+    attention output is zero, and it adds nothing to the loss or to any gradient.
     """
-    labels = batch.labels[None]
-    return {"input_ids": batch.tokens[None], "position_ids": batch.positions[None], "labels": labels,
+    tokens, positions, labels = batch.tokens[None], batch.positions[None], batch.labels[None]
+    if batch.n_local == 0:
+        tokens, positions = tokens.new_zeros(1, 1), positions.new_zeros(1, 1)
+        labels = labels.new_full((1, 1), IGNORE_INDEX)
+    return {"input_ids": tokens, "position_ids": positions, "labels": labels,
             "shift_labels": labels, "num_items_in_batch": batch.num_label_tokens, "use_cache": False,
             PLAN_KWARG: batch.plan}
 
@@ -234,23 +251,6 @@ def batch_geometry(model_or_config) -> dict:
         dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.float32
     return {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
             "dtype": str(dtype).replace("torch.", "")}
-
-
-def sum_gradients(model: nn.Module, group=None) -> None:
-    """Sum every parameter's gradient over the ranks of ``group`` (one flat all-reduce; no-op on one rank).
-
-    With ``model_inputs``' loss (local sum / global count) the sum is the gradient of the batch mean. Not
-    an average, so not ``DistributedDataParallel``, which divides by the world size and would also
-    interleave its collectives with dcp's transfers during the backward.
-    """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
-        return
-    params = [p for p in model.parameters() if p.requires_grad]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat, group=group)
-    for p, summed in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
-        p.grad = summed
 
 
 def dense_attention_mask(spec: BatchSpec, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:

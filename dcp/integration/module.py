@@ -5,6 +5,7 @@ Every other layer of the model runs unchanged on each rank's home tokens (rows
 
     attn = DCPAttention(group)                    # one per model (it holds no parameters)
     o = attn(q, k, v, batch.plan)                 # q [n_local, Hq, D], k/v [n_local, Hkv, D] -> [n_local, Hq, D]
+    ...; loss.backward(); sum_gradients(model)    # replicated parameters: sum the ranks' gradients
 
 Modes:
 - "distributed": ``dcp.execute.attention`` over the process group (one rank per plan device);
@@ -111,4 +112,21 @@ class DCPAttention(nn.Module):
         return f"mode={self.mode!r}"
 
 
-__all__ = ["DCPAttention"]
+def sum_gradients(model: nn.Module, group=None) -> None:
+    """Sum every parameter's gradient over the ranks of ``group`` (one flat all-reduce; no-op on one rank).
+
+    Each rank's loss is its summed token loss over the GLOBAL label count, so the sum is the gradient of
+    the batch mean. A sum, not an average: not ``DistributedDataParallel``, which divides by the world
+    size and would also interleave its collectives with dcp's transfers during the backward.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    for p, summed in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+        p.grad = summed
+
+
+__all__ = ["DCPAttention", "sum_gradients"]
