@@ -110,6 +110,29 @@ class CostModel:
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
         return float(p.kernel_overhead_us * 1e-6 + (flops / (rate * eff)).sum())
 
+    def fused_calls_s(self, flops, full, q_tb, kv_tb, group, tb_len, cell, n_cells: int,
+                      backward: bool = False) -> np.ndarray:
+        """``fused_call_s`` of many calls at once: tile ``t`` belongs to call ``cell[t]`` (0..n_cells-1);
+        returns float ``[n_cells]`` (0 for a call without tiles)."""
+        p = self.profile
+        cell = np.asarray(cell, np.int64)
+        out = np.zeros(n_cells)
+        if cell.size == 0:
+            return out
+        group = np.asarray(group, np.int64)
+        gkey = cell * (int(group.max()) + 1) + group
+        ug, g_inv = np.unique(gkey, return_inverse=True)
+        n_tb = tb_len.size
+        ext = []
+        for blocks in (q_tb, kv_tb):
+            pair = np.unique(g_inv.astype(np.int64) * n_tb + np.asarray(blocks, np.int64))
+            ext.append(np.bincount(pair // n_tb, weights=tb_len[pair % n_tb], minlength=ug.size)[g_inv])
+        rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
+        eff = self._efficiency(ext[0], ext[1], np.asarray(full))
+        busy = np.bincount(cell, weights=np.asarray(flops, float) / (rate * eff), minlength=n_cells)
+        used = np.bincount(cell, minlength=n_cells) > 0
+        return busy + used * p.kernel_overhead_us * 1e-6
+
     def memory_bound_s(self, nbytes):
         """A kernel streaming ``nbytes`` through HBM (merge, sum, gather)."""
         return self.profile.kernel_overhead_us * 1e-6 + np.asarray(nbytes, float) / (self.profile.hbm_gbps * 1e9)

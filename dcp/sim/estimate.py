@@ -31,27 +31,12 @@ def stage_compute_s(layout: BlockLayout, tiles: TileSet, tile_device: np.ndarray
     """float ``[n_devices, n_stages]``: each (device, stage)'s fused kernel call, as
     ``CostModel.fused_call_s`` charges it (one launch; each (sequence, head block) group of tiles at the
     efficiency of its merged q and kv extents)."""
-    p = cost.profile
     n_stages = int(tile_stage.max()) + 1 if tile_stage.size else 1
-    out = np.zeros((n_devices, n_stages))
-    if tiles.n_tiles == 0:
-        return out
-    cell = tile_device.astype(np.int64) * n_stages + tile_stage
+    cell = np.asarray(tile_device, np.int64) * n_stages + tile_stage
     group = layout.tb_seq[tiles.q_tb].astype(np.int64) * layout.n_head_blocks + tiles.hb
-    n_groups = int(group.max()) + 1
-    gkey = cell * n_groups + group
-    ug, g_inv = np.unique(gkey, return_inverse=True)
-    ext = []
-    for blocks in (tiles.q_tb, tiles.kv_tb):
-        pair = np.unique(g_inv.astype(np.int64) * layout.n_token_blocks + blocks)
-        ext.append(np.bincount(pair // layout.n_token_blocks, weights=layout.tb_len[pair % layout.n_token_blocks],
-                               minlength=ug.size)[g_inv])
     flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
-    rate = (p.attn_bwd_tflops if direction == "backward" else p.attn_fwd_tflops) * 1e12
-    eff = cost._efficiency(ext[0], ext[1], tiles.full)
-    busy = np.bincount(cell, weights=flops / (rate * eff), minlength=n_devices * n_stages)
-    used = np.bincount(cell, minlength=n_devices * n_stages) > 0
-    return (busy + used * p.kernel_overhead_us * 1e-6).reshape(n_devices, n_stages)
+    return cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, group, layout.tb_len, cell,
+                              n_devices * n_stages, backward=direction == "backward").reshape(n_devices, n_stages)
 
 
 def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet,
