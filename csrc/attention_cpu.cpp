@@ -189,15 +189,17 @@ void merge_impl(const MergeParams& p) {
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t h = 0; h < p.h; ++h) {
         float m = ninf;
-        for (int64_t i = 0; i < p.n; ++i) {
+        for (int64_t i = 0; i < p.n; ++i) {  // NaN-propagating max: a NaN partial poisons the row
           const MergeOperand& in = p.inputs[i];
-          m = std::max(m, in.lse[h * in.lse_sh + t * in.lse_st]);
+          const float l = in.lse[h * in.lse_sh + t * in.lse_st];
+          m = (l != l || l > m) ? l : m;
+          if (m != m) break;
         }
         float* lse_out = p.out.lse + h * p.out.lse_sh + t * p.out.lse_st;
-        std::fill(acc.begin(), acc.end(), TC(0));
-        if (!(m > ninf)) {  // every partial is empty (or NaN): o = 0, lse = -inf
+        std::fill(acc.begin(), acc.end(), m != m ? std::numeric_limits<TC>::quiet_NaN() : TC(0));
+        if (m == ninf || m != m) {  // every partial is empty (o = 0, lse = -inf), or one is NaN (both NaN)
           store_operand(p.out, t, h, acc.data(), p.d);
-          *lse_out = ninf;
+          *lse_out = m;
           continue;
         }
         TC sum = 0;
@@ -206,8 +208,10 @@ void merge_impl(const MergeParams& p) {
           w[i] = std::exp(static_cast<TC>(in.lse[h * in.lse_sh + t * in.lse_st]) - static_cast<TC>(m));
           sum += w[i];
         }
-        for (int64_t i = 0; i < p.n; ++i)
-          if (w[i] > TC(0)) acc_operand(p.inputs[i], t, h, w[i] / sum, acc.data(), p.d);
+        for (int64_t i = 0; i < p.n; ++i) {  // an empty partial adds nothing; any other adds w * o (NaN too)
+          const MergeOperand& in = p.inputs[i];
+          if (in.lse[h * in.lse_sh + t * in.lse_st] != ninf) acc_operand(in, t, h, w[i] / sum, acc.data(), p.d);
+        }
         store_operand(p.out, t, h, acc.data(), p.d);
         *lse_out = static_cast<float>(static_cast<TC>(m) + std::log(sum));
       }

@@ -206,56 +206,7 @@ constexpr int64_t slot(int64_t n) {
   return round_up(n, static_cast<int64_t>(64 / sizeof(T)));
 }
 
-// ---------------------------------------------------------------------------------------------------
-// masks
-// ---------------------------------------------------------------------------------------------------
-enum : int { kEmpty = 0, kFull = 1, kPartial = 2 };
-
-// Classify tile `tile` for segment rows [srow0, srow0 + nq) and tile-relative keys [kb0, kb0 + bk).
-// For kPartial, fills bias[(joff + key - kb0) * sj + i * si] for keys of the block and q rows i < BQ with
-// 0 where allowed, -inf elsewhere ((sj, si) = (BQ, 1) for the S^T layout, (1, ld) for S).
-template <typename T>
-int block_mask(const TileTableView& tt, int64_t tile, int64_t srow0, int64_t nq, int64_t kb0, int64_t bk,
-               T* bias, int64_t joff, int64_t sj = BQ, int64_t si = 1) {
-  const int64_t mrow = tt.tile_mask_row[tile];
-  if (mrow < 0) return kFull;
-  const int64_t R = tt.n_ranges;
-  const int32_t* rg = tt.mask_ranges + (mrow + srow0) * R * 2;
-  const int64_t kb1 = kb0 + bk;
-  bool any = false, all = true;
-  for (int64_t i = 0; i < nq; ++i) {
-    const int32_t* rr = rg + i * R * 2;
-    bool row_any = false, row_full = false;
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t s = rr[2 * r], e = rr[2 * r + 1];
-      row_any |= imin(e, kb1) > imax(s, kb0);
-      row_full |= (s <= kb0) & (e >= kb1);
-    }
-    any |= row_any;
-    all &= row_full;
-  }
-  if (!any) return kEmpty;
-  if (all) return kFull;
-  const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t j = joff; j < joff + bk; ++j)
-    for (int64_t i = 0; i < BQ; ++i) bias[j * sj + i * si] = ninf;
-  for (int64_t i = 0; i < nq; ++i) {
-    const int32_t* rr = rg + i * R * 2;
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t s = imax(rr[2 * r], kb0), e = imin(rr[2 * r + 1], kb1);
-      for (int64_t key = s; key < e; ++key) bias[(joff + key - kb0) * sj + i * si] = T(0);
-    }
-  }
-  return kPartial;
-}
-
-template <typename T>
-void add_rows(T* x, const T* y, int64_t j0, int64_t j1) {  // x[j][:] += y[j][:] for j in [j0, j1)
-  typedef typename VT<T>::V V;
-  for (int64_t j = j0; j < j1; ++j)
-    for (int64_t i = 0; i < BQ; i += VT<T>::W)
-      stu(x + j * BQ + i, ldu<V>(x + j * BQ + i) + ldu<V>(y + j * BQ + i));
-}
+#include "kernels_mask.h"  // block_mask, mask_rows, zero_masked, the non-finite side path
 
 // P^T = exp(S^T - lse) in place for rows [j0, j1) (lse per column, +inf for dead columns).
 template <typename T>
@@ -313,11 +264,13 @@ void forward_worker(const FwdParams& p, const QItem* items, int64_t n_items, std
   const int64_t D = p.shape.d, Dp = round_up(D, NR), G = p.shape.hq / p.shape.hkv;
   const T scale = static_cast<T>(p.scale);
   const T ninf = -std::numeric_limits<T>::infinity();
-  Scratch<T> arena(slot<T>(D * BQ) + 2 * slot<T>(BK * Dp) + 2 * slot<T>(BK * BQ) + slot<T>(BQ * Dp) +
+  Scratch<T> arena(slot<T>(D * BQ) + 3 * slot<T>(BK * Dp) + 2 * slot<T>(BK * BQ) + slot<T>(BQ * Dp) +
                    4 * slot<T>(BQ));
   T* qt = arena.take(D * BQ);
   T* kb = arena.take(BK * Dp);
   T* vb = arena.take(BK * Dp);
+  T* saved = arena.take(BK * Dp);  // value rows with a non-finite entry (kernels_mask.h)
+  int64_t bad[BK];
   T* st = arena.take(BK * BQ);
   T* bias = arena.take(BK * BQ);
   T* acc = arena.take(BQ * Dp);
@@ -352,7 +305,7 @@ void forward_worker(const FwdParams& p, const QItem* items, int64_t n_items, std
         pack_rows(k + key0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, bk, D, T(1), kb, Dp, bkp);
         pack_rows(v + key0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, bk, D, T(1), vb, Dp, bk);
         gemm<T, false, false>(bkp, BQ, D, kb, Dp, qt, BQ, st, BQ);  // S^T [bkp][BQ]
-        if (mk == kPartial) add_rows(st, bias, 0, bk);
+        if (mk == kPartial) mask_rows(st, bias, 0, bk);
 
         // online softmax over the columns of S^T
         V mb[NV], mu[NV], ls[NV];
@@ -382,13 +335,15 @@ void forward_worker(const FwdParams& p, const QItem* items, int64_t n_items, std
           T* row = acc + i * Dp;
           for (int64_t c = 0; c < Dp; ++c) row[c] *= a;
         }
+        const int64_t nbad = mk == kPartial ? take_nonfinite_rows(vb, Dp, bk, D, saved, bad) : 0;
         gemm<T, true, true>(BQ, Dp, bk, st, BQ, vb, Dp, acc, Dp);  // O += P V
+        if (nbad) add_saved_keys(acc, Dp, st, bias, saved, bad, nbad, nq, D);
       }
     }
     for (int64_t i = 0; i < nq; ++i) {
       S* orow = o + (row0 + i) * p.o.stride_t + h * p.o.stride_h;
       float* lse = p.lse.data + h * p.lse.stride_h + (row0 + i) * p.lse.stride_t;
-      if (l[i] > T(0)) {
+      if (l[i] != T(0)) {  // a key was attended (l is NaN when a NaN reached the row: o and lse stay NaN)
         store_row(orow, acc + i * Dp, D, T(1) / l[i]);
         *lse = static_cast<float>(m[i] + std::log(l[i]));
       } else {
@@ -408,12 +363,14 @@ void backward_dq_worker(const BwdParams& p, const QItem* items, int64_t n_items,
   const TileTableView& tt = p.tiles;
   const int64_t D = p.shape.d, Dp = round_up(D, NR), G = p.shape.hq / p.shape.hkv;
   const T scale = static_cast<T>(p.scale);
-  Scratch<T> arena(2 * slot<T>(D * BQ) + 2 * slot<T>(BK * Dp) + 3 * slot<T>(BK * BQ) + slot<T>(BQ * Dp) +
+  Scratch<T> arena(2 * slot<T>(D * BQ) + 3 * slot<T>(BK * Dp) + 3 * slot<T>(BK * BQ) + slot<T>(BQ * Dp) +
                    2 * slot<T>(BQ));
   T* qt = arena.take(D * BQ);
   T* dot = arena.take(D * BQ);
   T* kb = arena.take(BK * Dp);
   T* vb = arena.take(BK * Dp);
+  T* saved = arena.take(BK * Dp);  // key rows with a non-finite entry (kernels_mask.h)
+  int64_t bad[BK];
   T* st = arena.take(BK * BQ);
   T* dpt = arena.take(BK * BQ);
   T* bias = arena.take(BK * BQ);
@@ -447,11 +404,17 @@ void backward_dq_worker(const BwdParams& p, const QItem* items, int64_t n_items,
         pack_rows(k + key0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, bk, D, T(1), kb, Dp, bkp);
         pack_rows(v + key0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, bk, D, T(1), vb, Dp, bkp);
         gemm<T, false, false>(bkp, BQ, D, kb, Dp, qt, BQ, st, BQ);
-        if (mk == kPartial) add_rows(st, bias, 0, bk);
+        if (mk == kPartial) mask_rows(st, bias, 0, bk);
         exp_minus_lse(st, lse, 0, bk);
         gemm<T, false, false>(bkp, BQ, D, vb, Dp, dot, BQ, dpt, BQ);  // dP^T = V dO^T
         ds_from_p(st, dpt, delta, 0, bk);
+        int64_t nbad = 0;
+        if (mk == kPartial) {
+          zero_masked(dpt, bias, 0, bk);
+          nbad = take_nonfinite_rows(kb, Dp, bk, D, saved, bad);
+        }
         gemm<T, true, true>(BQ, Dp, bk, dpt, BQ, kb, Dp, dq, Dp);  // dQ += dS K
+        if (nbad) add_saved_keys(dq, Dp, dpt, bias, saved, bad, nbad, nq, D);
       }
     }
     for (int64_t i = 0; i < nq; ++i)
@@ -473,12 +436,15 @@ void backward_dkv_worker(const BwdParams& p, const ChunkIndex& ci, const KvItem*
   const TileTableView& tt = p.tiles;
   const int64_t D = p.shape.d, Dp = round_up(D, NR), G = p.shape.hq / p.shape.hkv;
   const T scale = static_cast<T>(p.scale);
-  Scratch<T> arena(2 * slot<T>(D * LD) + 2 * slot<T>(BQ * Dp) + 2 * slot<T>(BK * Dp) + 3 * slot<T>(BQ * LD) +
+  Scratch<T> arena(2 * slot<T>(D * LD) + 4 * slot<T>(BQ * Dp) + 2 * slot<T>(BK * Dp) + 3 * slot<T>(BQ * LD) +
                    2 * slot<T>(BQ));
   T* kt = arena.take(D * LD);
   T* vt = arena.take(D * LD);
   T* qr = arena.take(BQ * Dp);
   T* dor = arena.take(BQ * Dp);
+  T* saved_q = arena.take(BQ * Dp);  // q / dO rows with a non-finite entry (kernels_mask.h)
+  T* saved_do = arena.take(BQ * Dp);
+  int64_t bad_q[BQ], bad_do[BQ];
   T* dk = arena.take(BK * Dp);
   T* dv = arena.take(BK * Dp);
   T* sm = arena.take(BQ * LD);
@@ -531,19 +497,31 @@ void backward_dkv_worker(const BwdParams& p, const ChunkIndex& ci, const KvItem*
           for (int64_t i = 0; i < BQ; ++i) {
             T* srow = sm + i * LD;
             T* drow = dp + i * LD;
-            if (mk == kPartial)
-              for (int64_t j = ja; j < jb; ++j) srow[j] += bias[i * LD + j];
+            const T* brow = bias + i * LD;
+            if (mk == kPartial)  // overwrite, so that a masked pair's NaN score does not survive
+              for (int64_t j = ja; j < jb; ++j) srow[j] = brow[j] < T(0) ? brow[j] : srow[j];
             const V lv = splat<V>(lse[i]), dl = splat<V>(delta[i]);
             for (int64_t j = jlo; j < chi; j += W) {
               const V pv = vexp(ldu<V>(srow + j) - lv);
               stu(srow + j, pv);
               stu(drow + j, pv * (ldu<V>(drow + j) - dl));
             }
+            if (mk == kPartial)  // masked pairs weigh 0, whatever NaN the row statistics brought
+              for (int64_t j = ja; j < jb; ++j)
+                if (brow[j] < T(0)) srow[j] = drow[j] = T(0);
             for (int64_t j = jlo; j < ja; ++j) srow[j] = drow[j] = T(0);  // keys outside this tile
             for (int64_t j = jb; j < chi; ++j) srow[j] = drow[j] = T(0);
           }
+          // rows whose weights are zero for some key of the GEMM span (masked, or another tile's) must
+          // not bring a non-finite q / dO value to that key
+          const bool zeros = mk == kPartial || jlo < ja || jhi > jb;
+          const int64_t nq_bad = zeros ? take_nonfinite_rows(qr, Dp, nq, D, saved_q, bad_q) : 0;
+          const int64_t ndo_bad = zeros ? take_nonfinite_rows(dor, Dp, nq, D, saved_do, bad_do) : 0;
           gemm<T, true, true>(jhi - jlo, Dp, nq, sm + jlo, LD, dor, Dp, dv + jlo * Dp, Dp);  // dV += P^T dO
           gemm<T, true, true>(jhi - jlo, Dp, nq, dp + jlo, LD, qr, Dp, dk + jlo * Dp, Dp);   // dK += dS^T Q
+          const T* mbias = mk == kPartial ? bias : nullptr;
+          if (ndo_bad) add_saved_rows(dv, Dp, sm, LD, mbias, saved_do, bad_do, ndo_bad, ja, jb, D);
+          if (nq_bad) add_saved_rows(dk, Dp, dp, LD, mbias, saved_q, bad_q, nq_bad, ja, jb, D);
         }
       }
     }

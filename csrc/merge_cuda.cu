@@ -46,11 +46,14 @@ __global__ void merge_kernel(const MergeCudaParams p) {
   const int lane = threadIdx.x % 32;
   if (row >= p.t * p.h) return;
   const int64_t t = row / p.h, h = row % p.h;
-  float m = -INFINITY;
-  for (int i = 0; i < p.n; ++i) m = fmaxf(m, p.lse[i][h * p.t + t]);
+  float m = -INFINITY;  // NaN-propagating max (fmaxf drops NaN): a NaN partial poisons the row
+  for (int i = 0; i < p.n; ++i) {
+    const float l = p.lse[i][h * p.t + t];
+    m = (l != l || l > m) ? l : m;
+  }
   TC w[kMaxMergeInputs];
   TC sum = 0;
-  const bool empty = !(m > -INFINITY);
+  const bool empty = m == -INFINITY;
   for (int i = 0; i < p.n; ++i) {
     w[i] = empty ? TC(0) : exp(static_cast<TC>(p.lse[i][h * p.t + t]) - static_cast<TC>(m));
     sum += w[i];
@@ -58,8 +61,9 @@ __global__ void merge_kernel(const MergeCudaParams p) {
   const TC inv = empty ? TC(0) : TC(1) / sum;
   for (int64_t c = lane; c < p.d; c += 32) {
     TC acc = 0;
-    for (int i = 0; i < p.n; ++i)
-      if (w[i] > TC(0)) acc += w[i] * inv * load_elem<TC>(p.o[i], p.o_dtype[i], t * p.o_st[i] + h * p.o_sh[i] + c);
+    for (int i = 0; i < p.n; ++i)  // an empty partial adds nothing; any other adds w * o (NaN included)
+      if (p.lse[i][h * p.t + t] != -INFINITY)
+        acc += w[i] * inv * load_elem<TC>(p.o[i], p.o_dtype[i], t * p.o_st[i] + h * p.o_sh[i] + c);
     store_elem<TC>(p.out, p.out_dtype, t * p.out_st + h * p.out_sh + c, acc);
   }
   __syncwarp();  // every lane has read lse of this row before lane 0 overwrites it

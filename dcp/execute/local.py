@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.execute.fallback import FallbackKernels
 from dcp.kernels import get_kernels
 from dcp.kernels.tiles import TileTable
 from dcp.kernels.varlen_ops import gpu_varlen_available
@@ -77,131 +78,6 @@ class Comm(Protocol):
 def _stat_dtype(dtype: torch.dtype) -> torch.dtype:
     """lse / delta / accumulator dtype: fp64 for fp64 runs, fp32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _dense_mask(tiles, tq: int, tk: int) -> np.ndarray:
-    """Boolean ``[tq, tk]`` matrix of the (q row, key) pairs a tile table attends (vectorized)."""
-    seg_cu = np.asarray(tiles.seg_cu, dtype=np.int64)
-    ptr = np.asarray(tiles.seg_tile_ptr, dtype=np.int64)
-    ks = np.asarray(tiles.tile_k_start, dtype=np.int64)
-    kl = np.asarray(tiles.tile_k_len, dtype=np.int64)
-    mrow = np.asarray(tiles.tile_mask_row, dtype=np.int64)
-    mr = np.asarray(tiles.mask_ranges, dtype=np.int64)
-    if mr.ndim != 3 or mr.shape[0] == 0:
-        mr = np.zeros((0, 1, 2), dtype=np.int64)
-    n_tiles = ks.size
-    diff = np.zeros((tq, tk + 1), dtype=np.int64)
-    if n_tiles == 0:
-        return np.zeros((tq, tk), dtype=bool)
-    tile_seg = np.repeat(np.arange(ptr.size - 1), np.diff(ptr))
-    seg_len = np.diff(seg_cu)
-    rows_per_tile = seg_len[tile_seg]
-    t_of_row = np.repeat(np.arange(n_tiles), rows_per_tile)
-    i_in_tile = np.arange(t_of_row.size) - np.repeat(np.cumsum(rows_per_tile) - rows_per_tile, rows_per_tile)
-    row = seg_cu[tile_seg][t_of_row] + i_in_tile
-    full = mrow[t_of_row] < 0
-    # full tiles: one range per row
-    s_full = ks[t_of_row][full]
-    e_full = s_full + kl[t_of_row][full]
-    r_full = row[full]
-    # partial tiles: all slots of their mask rows, shifted to the key buffer
-    pr = ~full
-    mr_rows = mrow[t_of_row][pr] + i_in_tile[pr]
-    slots = mr[mr_rows] if mr_rows.size else np.zeros((0, mr.shape[1], 2), dtype=np.int64)
-    s_part = (slots[:, :, 0] + ks[t_of_row][pr][:, None]).reshape(-1)
-    e_part = (slots[:, :, 1] + ks[t_of_row][pr][:, None]).reshape(-1)
-    r_part = np.repeat(row[pr], mr.shape[1])
-    used = slots[:, :, 1].reshape(-1) > slots[:, :, 0].reshape(-1)
-    r_all = np.concatenate([r_full, r_part[used]])
-    s_all = np.concatenate([s_full, s_part[used]])
-    e_all = np.concatenate([e_full, e_part[used]])
-    np.add.at(diff, (r_all, s_all), 1)
-    np.add.at(diff, (r_all, e_all), -1)
-    return np.cumsum(diff, axis=1)[:, :tk] > 0
-
-
-class FallbackKernels:
-    """Small dense pure-PyTorch tile kernels with the ``dcp.kernels`` interface (fp64 runs, cross-check).
-
-    Materializes the ``[Tq, Tk]`` mask of the whole stage and computes in fp32 (fp64 for fp64 inputs)."""
-
-    name = "execute-fallback"
-
-    @staticmethod
-    def _heads(x, hkv):
-        """[T, Hq, D] -> [Hkv, g*T, D] (query heads of one kv head stacked along rows)."""
-        t, h, d = x.shape
-        return x.reshape(t, hkv, h // hkv, d).permute(1, 2, 0, 3).reshape(hkv, (h // hkv) * t, d)
-
-    @staticmethod
-    def _unheads(x, t):
-        """[Hkv, g*T, D] -> [T, Hq, D]."""
-        hkv, gt, d = x.shape
-        return x.reshape(hkv, gt // t, t, d).permute(2, 0, 1, 3).reshape(t, hkv * (gt // t), d)
-
-    def _probs_setup(self, q_thd, k_thd, tiles, scale):
-        tq, hq, d = q_thd.shape
-        tk, hkv = k_thd.shape[0], k_thd.shape[1]
-        cdt = _stat_dtype(q_thd.dtype)
-        scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-        mask = torch.from_numpy(_dense_mask(tiles, tq, tk)).to(q_thd.device)  # [tq, tk]
-        qh = self._heads(q_thd.to(cdt), hkv)                                   # [hkv, g*tq, d]
-        kh = k_thd.to(cdt).permute(1, 0, 2)                                    # [hkv, tk, d]
-        s = torch.bmm(qh, kh.transpose(1, 2)).view(hkv, hq // hkv, tq, tk) * scale
-        return s.masked_fill(~mask, float("-inf")), mask, qh, kh, cdt, scale
-
-    def forward(self, q_thd, k_thd, v_thd, tiles, scale=None):
-        tq, hq, d = q_thd.shape
-        hkv = k_thd.shape[1]
-        s, _, _, _, cdt, _ = self._probs_setup(q_thd, k_thd, tiles, scale)
-        m = s.amax(-1, keepdim=True) if s.shape[-1] else torch.full(s.shape[:-1] + (1,), float("-inf"),
-                                                                      dtype=s.dtype, device=s.device)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(s - m)
-        denom = p.sum(-1, keepdim=True)
-        p = p * torch.where(denom > 0, 1.0 / denom, torch.zeros_like(denom))
-        vh = v_thd.to(cdt).permute(1, 0, 2)
-        o = self._unheads(torch.bmm(p.reshape(hkv, -1, p.shape[-1]), vh), tq)
-        lse = (torch.log(denom) + m).reshape(hq, tq)
-        return o.to(q_thd.dtype), lse.to(cdt)
-
-    def backward(self, do_thd, q_thd, k_thd, v_thd, lse_ht, delta_ht, tiles, scale=None, out_dtype=None):
-        tq, hq, d = q_thd.shape
-        tk, hkv = k_thd.shape[0], k_thd.shape[1]
-        s, mask, qh, kh, cdt, scale = self._probs_setup(q_thd, k_thd, tiles, scale)
-        lse = lse_ht.to(cdt).reshape(hkv, hq // hkv, tq, 1)
-        fin = torch.isfinite(lse)
-        p = torch.where(mask & fin, torch.exp(s - torch.where(fin, lse, torch.zeros_like(lse))),
-                        torch.zeros_like(s)).reshape(hkv, -1, tk)                  # [hkv, g*tq, tk]
-        doh = self._heads(do_thd.to(cdt), hkv)
-        vh = v_thd.to(cdt).permute(1, 0, 2)
-        dv = torch.bmm(p.transpose(1, 2), doh)                                       # [hkv, tk, d]
-        dp = torch.bmm(doh, vh.transpose(1, 2))
-        ds = p * (dp - delta_ht.to(cdt).reshape(hkv, -1, 1))
-        dq = self._unheads(torch.bmm(ds, kh), tq) * scale
-        dk = torch.bmm(ds.transpose(1, 2), qh) * scale
-        out = out_dtype or q_thd.dtype
-        return dq.to(out), dk.permute(1, 0, 2).to(out), dv.permute(1, 0, 2).to(out)
-
-    @staticmethod
-    def merge_into(o_acc, lse_acc, o_new, lse_new):
-        """In place: (o_acc, lse_acc) <- LSE merge of both partials. o [T, H, D], lse [H, T]."""
-        lse_new = lse_new.to(lse_acc.dtype)
-        mx = torch.maximum(lse_acc, lse_new)
-        mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
-        wa, wb = torch.exp(lse_acc - mx), torch.exp(lse_new - mx)
-        tot = wa + wb
-        inv = torch.where(tot > 0, 1.0 / tot, torch.zeros_like(tot))
-        ca, cb = ((w * inv).t()[..., None].to(o_acc.dtype) for w in (wa, wb))
-        o_acc.mul_(ca).add_(o_new.to(o_acc.dtype) * cb)
-        lse_acc.copy_(torch.log(tot) + mx)
-        return o_acc, lse_acc
-
-    def merge_partials(self, o_list, lse_list):
-        o, lse = o_list[0].clone(), lse_list[0].clone()
-        for o_new, lse_new in zip(o_list[1:], lse_list[1:]):
-            self.merge_into(o, lse, o_new, lse_new)
-        return o, lse
 
 
 class KernelAdapter:

@@ -3,7 +3,9 @@
 Layouts: ``q_thd / o_thd / do_thd [Tq, Hq, D]``, ``k_thd / v_thd [Tk, Hkv, D]`` (GQA: query head h uses
 kv head ``h // (Hq // Hkv)``), ``lse_ht / delta_ht [Hq, Tq]`` float32. The tile table is described in
 ``dcp.kernels.tiles``. Per segment the allowed keys become a dense boolean mask and everything is
-computed with dense matmuls in float32 (float64 for float64 inputs). Runs on any device.
+computed with dense matmuls in float32 (float64 for float64 inputs), the products with masked weights
+through ``dcp.kernels.masked`` so that NaN and inf reach exactly the rows and keys that attend them.
+Runs on any device.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Sequence
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.kernels.masked import keys_to_rows, masked, rows_to_keys, softmax_rows
 from dcp.kernels.tiles import TileTable
 
 SUPPORTED_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
@@ -145,10 +148,8 @@ def attention_forward(q_thd, k_thd, v_thd, tiles: TileTable, scale=None):
     lse = torch.full((hq, tq), _NEG_INF, dtype=torch.float32, device=q_thd.device)
     for q0, q1, _, allowed, qs, ks, vs in _segment_blocks(tiles, q_thd, k_thd, v_thd, cd, hq // hkv):
         s = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale  # [Hkv, G, n, m]
-        s = s.masked_fill(~allowed, _NEG_INF)
-        lse_s = torch.logsumexp(s, dim=-1)  # -inf for rows without keys
-        p = torch.exp(s - torch.where(torch.isneginf(lse_s), _POS_INF, lse_s)[..., None])
-        o[q0:q1] = torch.einsum("hgqk,khd->qhgd", p, vs).reshape(q1 - q0, hq, d)
+        p, lse_s = softmax_rows(s.masked_fill(~allowed, _NEG_INF))  # lse -inf for rows without keys
+        o[q0:q1] = keys_to_rows(p, allowed, vs).reshape(q1 - q0, hq, d)
         lse[:, q0:q1] = lse_s.reshape(hq, q1 - q0).float()
     return o.to(q_thd.dtype), lse
 
@@ -176,12 +177,12 @@ def attention_backward(do_thd, q_thd, k_thd, v_thd, lse_ht, delta_ht, tiles: Til
     for q0, q1, spans, allowed, qs, ks, vs in _segment_blocks(tiles, q_thd, k_thd, v_thd, cd, g):
         dos = do_thd[q0:q1].to(cd).reshape(qs.shape)
         s = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale
-        p = torch.exp(s.masked_fill(~allowed, _NEG_INF) - lse[:, :, q0:q1, None])
+        p = masked(torch.exp(s.masked_fill(~allowed, _NEG_INF) - lse[:, :, q0:q1, None]), allowed)
         dp = torch.einsum("qhgd,khd->hgqk", dos, vs)
-        ds = p * (dp - delta[:, :, q0:q1, None])
-        dq[q0:q1] += (torch.einsum("hgqk,khd->qhgd", ds, ks) * scale).reshape(q1 - q0, hq, d)
-        dv_s = torch.einsum("hgqk,qhgd->khd", p, dos)
-        dk_s = torch.einsum("hgqk,qhgd->khd", ds, qs) * scale
+        ds = masked(p * (dp - delta[:, :, q0:q1, None]), allowed)
+        dq[q0:q1] += (keys_to_rows(ds, allowed, ks) * scale).reshape(q1 - q0, hq, d)
+        dv_s = rows_to_keys(p, allowed, dos)
+        dk_s = rows_to_keys(ds, allowed, qs) * scale
         for k0, kl, off in spans:
             dv[k0:k0 + kl] += dv_s[off:off + kl]
             dk[k0:k0 + kl] += dk_s[off:off + kl]
@@ -198,16 +199,16 @@ def merge_partials(o_list: Sequence[torch.Tensor], lse_list: Sequence[torch.Tens
     check_merge_inputs(o_list, lse_list, "reference merge_partials")
     cd = torch.float64 if any(o.dtype == torch.float64 for o in o_list) else torch.float32
     lse = torch.stack([x.to(cd) for x in lse_list])  # [n, H, T]
-    m = lse.amax(dim=0)
+    m = lse.amax(dim=0)  # NaN if any partial's lse is NaN: it poisons the row, as it does in dense attention
     m = torch.where(torch.isneginf(m), 0.0, m)
     w = torch.exp(lse - m)
     w_sum = w.sum(dim=0)
     out_lse = m + torch.log(w_sum)  # -inf where w_sum == 0
-    coef = torch.where(w_sum > 0, w / torch.where(w_sum > 0, w_sum, 1.0), 0.0)  # [n, H, T]
+    coef = torch.where(w_sum == 0, 0.0, w / torch.where(w_sum == 0, 1.0, w_sum))  # [n, H, T]
     o = torch.zeros(o_list[0].shape, dtype=cd, device=o_list[0].device)
-    for c, oi in zip(coef, o_list):
-        c = c.t()[..., None]  # [T, H, 1]
-        o += torch.where(c > 0, c * oi.to(cd), 0.0)
+    for c, li, oi in zip(coef, lse, o_list):
+        # an empty partial (lse = -inf) adds nothing; any other adds c * o, NaN or inf included
+        o += torch.where(torch.isneginf(li).t()[..., None], 0.0, c.t()[..., None] * oi.to(cd))
     return o.to(o_list[0].dtype), out_lse.float()
 
 

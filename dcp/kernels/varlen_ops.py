@@ -10,8 +10,8 @@ from the emulation of float64 inputs), natural log; ``call`` is a ``VarlenCall``
 lengths, one bottom-right window). The backward takes the *final* output and lse of each row, as flash
 kernels do: they use ``o`` only for ``D = rowsum(dO * O)``. Outputs come back in the input dtype, as from the flash kernels.
 
-``EmulatedOps`` is the same arithmetic in plain PyTorch (fp32 accumulation, fp64 for fp64 inputs) on
-any device: the oracle the GPU implementations are checked against, and what lets CPU tests drive the
+``EmulatedOps`` is the same arithmetic in plain PyTorch (fp32 accumulation, fp64 for fp64 inputs, NaN and
+inf reaching exactly the rows and keys that attend them: ``dcp.kernels.masked``) on any device: the oracle the GPU implementations are checked against, and what lets CPU tests drive the
 whole varlen path.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import inspect
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.kernels.masked import keys_to_rows, masked, rows_to_keys, softmax_rows
 from dcp.kernels.reference import compute_dtype
 from dcp.kernels.varlen_schedule import VarlenCall
 
@@ -64,11 +65,10 @@ class EmulatedOps:
         for a, b, c, d in self._seqs(call):
             qs = q_thd[a:b].to(cd).reshape(b - a, hkv, g, -1)
             ks, vs = k_thd[c:d].to(cd), v_thd[c:d].to(cd)
+            allowed = _window_mask(b - a, d - c, call.window, q_thd.device)
             s = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale
-            s = s.masked_fill(~_window_mask(b - a, d - c, call.window, q_thd.device), float("-inf"))
-            lse_s = torch.logsumexp(s, dim=-1)
-            p = torch.exp(s - lse_s[..., None])
-            o[a:b] = torch.einsum("hgqk,khd->qhgd", p, vs).reshape(b - a, hq, -1)
+            p, lse_s = softmax_rows(s.masked_fill(~allowed, float("-inf")))
+            o[a:b] = keys_to_rows(p, allowed, vs).reshape(b - a, hq, -1)
             lse[:, a:b] = lse_s.reshape(hq, b - a)
         return o.to(q_thd.dtype), lse
 
@@ -85,14 +85,15 @@ class EmulatedOps:
             qs = q_thd[a:b].to(cd).reshape(n, hkv, g, -1)
             dos = do_thd[a:b].to(cd).reshape(n, hkv, g, -1)
             ks, vs = k_thd[c:d].to(cd), v_thd[c:d].to(cd)
+            allowed = _window_mask(n, d - c, call.window, q_thd.device)
             s = torch.einsum("qhgd,khd->hgqk", qs, ks) * scale
-            s = s.masked_fill(~_window_mask(n, d - c, call.window, q_thd.device), float("-inf"))
-            p = torch.exp(s - lse_ht[:, a:b].to(cd).reshape(hkv, g, n)[..., None])
+            s = s.masked_fill(~allowed, float("-inf"))
+            p = masked(torch.exp(s - lse_ht[:, a:b].to(cd).reshape(hkv, g, n)[..., None]), allowed)
             dp = torch.einsum("qhgd,khd->hgqk", dos, vs)
-            ds = p * (dp - delta[:, a:b].reshape(hkv, g, n)[..., None])
-            dq[a:b] = (torch.einsum("hgqk,khd->qhgd", ds, ks) * scale).reshape(n, hq, -1)
-            dv[c:d] = torch.einsum("hgqk,qhgd->khd", p, dos)
-            dk[c:d] = torch.einsum("hgqk,qhgd->khd", ds, qs) * scale
+            ds = masked(p * (dp - delta[:, a:b].reshape(hkv, g, n)[..., None]), allowed)
+            dq[a:b] = (keys_to_rows(ds, allowed, ks) * scale).reshape(n, hq, -1)
+            dv[c:d] = rows_to_keys(p, allowed, dos)
+            dk[c:d] = rows_to_keys(ds, allowed, qs) * scale
         return dq.to(q_thd.dtype), dk.to(q_thd.dtype), dv.to(q_thd.dtype)
 
 
