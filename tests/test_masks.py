@@ -334,6 +334,22 @@ def test_from_mask_mod_errors():
         from_mask_mod(lambda q, kv: q >= kv, 8, backend="jax")
 
 
+def test_head_or_batch_dependent_mask_mods_are_refused():
+    """dcp masks are shared by every head: a FlexAttention mask_mod that reads h (or b) is refused with a
+    message naming the index, instead of being evaluated silently at h = b = 0."""
+    per_head_window = lambda b, h, q, kv: (kv <= q) & (q - kv < 4 + 8 * h)  # noqa: E731
+    with pytest.raises(InvalidMaskError, match="depends on the head index h"):
+        from_mask_mod(per_head_window, 60)
+    with pytest.raises(InvalidMaskError, match="depends on the head index h"):
+        MaskModMask(lambda b, h, q, kv: (kv <= q) & ((h == 0) | (kv > 40))).kv_ranges(61)
+    with pytest.raises(InvalidMaskError, match="depends on the batch index b"):
+        from_mask_mod(lambda b, h, q, kv: (kv <= q) & (q - kv < 3 + b), 33)
+    with pytest.raises(InvalidMaskError, match="b=0, h=1"):
+        from_mask_mod(lambda b, h, q, kv: (kv <= q) & np.array([True])[h], 20)  # fails past head 0
+    # a four-argument mask_mod that ignores b and h is fine
+    assert from_mask_mod(lambda b, h, q, kv: kv <= q, 25) == RangesMask(CausalMask().kv_ranges(25))
+
+
 @SETTINGS
 @given(simple_masks(), st.integers(1, 200))
 def test_mask_mod_mask_matches(mask, L):

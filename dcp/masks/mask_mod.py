@@ -1,7 +1,9 @@
 """Masks from FlexAttention-style predicates ("mask_mod" callables).
 
 A mask_mod is a callable ``fn(q_idx, kv_idx) -> bool array`` (or FlexAttention's four-argument form
-``fn(b, h, q_idx, kv_idx)``; ``b`` and ``h`` are passed as 0) that works elementwise on broadcast integer
+``fn(b, h, q_idx, kv_idx)``; ``b`` and ``h`` are passed as 0, and since a dcp mask is shared by every
+head, sample rows are also evaluated at other ``b`` / ``h`` and a predicate that depends on them is
+refused with ``InvalidMaskError``) that works elementwise on broadcast integer
 arrays: ``q_idx`` has shape ``[rows, 1]`` and ``kv_idx`` shape ``[1, L]``. It is evaluated densely, a chunk
 of query rows at a time (so memory stays bounded, about 16M elements per chunk), which costs O(L^2)
 time: fine for tests and moderate lengths, prefer a dedicated mask class for very long sequences.
@@ -36,18 +38,21 @@ def _num_args(fn: Callable) -> int:
     return 4 if len(required) == 4 else 2
 
 
-def _call(fn: Callable, nargs: int, backend: str, q_start: int, q_stop: int, seqlen: int) -> np.ndarray:
+def _call(fn: Callable, nargs: int, backend: str, q_start: int, q_stop: int, seqlen: int,
+          rows: np.ndarray | None = None, b: int = 0, h: int = 0) -> np.ndarray:
+    """``fn`` on query rows ``q_start:q_stop`` (or the given ``rows``) against every key: bool ``[rows, L]``."""
+    q_rows = np.arange(q_start, q_stop, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
     if backend == "torch":
         import torch
 
-        q_idx = torch.arange(q_start, q_stop, dtype=torch.int64)[:, None]
+        q_idx = torch.from_numpy(q_rows)[:, None]
         kv_idx = torch.arange(seqlen, dtype=torch.int64)[None, :]
-        zero = torch.tensor(0, dtype=torch.int64)
+        bb, hh = torch.tensor(b, dtype=torch.int64), torch.tensor(h, dtype=torch.int64)
     else:
-        q_idx = np.arange(q_start, q_stop, dtype=np.int64)[:, None]
+        q_idx = q_rows[:, None]
         kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
-        zero = np.int64(0)
-    out = fn(zero, zero, q_idx, kv_idx) if nargs == 4 else fn(q_idx, kv_idx)
+        bb, hh = np.int64(b), np.int64(h)
+    out = fn(bb, hh, q_idx, kv_idx) if nargs == 4 else fn(q_idx, kv_idx)
     if hasattr(out, "detach"):  # torch tensor
         out = out.detach().cpu().numpy()
     out = np.asarray(out)
@@ -56,10 +61,38 @@ def _call(fn: Callable, nargs: int, backend: str, q_start: int, q_stop: int, seq
             raise InvalidMaskError(f"mask_mod must return a boolean array, got dtype {out.dtype}")
         out = out != 0
     try:
-        return np.broadcast_to(out, (q_stop - q_start, seqlen))
+        return np.broadcast_to(out, (q_rows.size, seqlen))
     except ValueError:
         raise InvalidMaskError(f"mask_mod returned shape {out.shape}, which does not broadcast to "
-                               f"[{q_stop - q_start}, {seqlen}]") from None
+                               f"[{q_rows.size}, {seqlen}]") from None
+
+
+#: (batch, head) indices a four-argument mask_mod is also evaluated at, on sample rows
+OTHER_BATCH_HEADS = ((0, 1), (0, 2), (0, 3), (0, 7), (1, 0), (2, 0))
+SAMPLE_ROWS = 16
+
+
+def _check_shared_by_heads(fn: Callable, backend: str, seqlen: int) -> None:
+    """A dcp mask is one per sequence, shared by every head and batch entry; FlexAttention's mask_mod may
+    depend on ``b`` and ``h``. Evaluate sample rows at other (b, h) and refuse a predicate that changes."""
+    rows = np.unique(np.linspace(0, seqlen - 1, min(seqlen, SAMPLE_ROWS)).astype(np.int64))
+    base = _call(fn, 4, backend, 0, 0, seqlen, rows)
+    for b, h in OTHER_BATCH_HEADS:
+        try:
+            other = _call(fn, 4, backend, 0, 0, seqlen, rows, b, h)
+        except InvalidMaskError:
+            raise
+        except Exception as exc:
+            raise InvalidMaskError(f"mask_mod {fn!r} failed for b={b}, h={h} ({exc!r}); dcp evaluates it at "
+                                   f"b = h = 0 and applies it to every head, so it must not depend on them") from exc
+        diff = np.flatnonzero((other != base).any(axis=1))
+        if diff.size:
+            which, fix = (("head index h", "dcp cannot mask heads differently") if b == 0 else
+                          ("batch index b", "give each sequence its own mask instead"))
+            raise InvalidMaskError(
+                f"mask_mod {getattr(fn, '__qualname__', fn)!r} depends on the {which}: query row {int(rows[diff[0]])} "
+                f"attends different keys at b={b}, h={h} than at b=0, h=0. A dcp mask is one per sequence, shared "
+                f"by every head ({fix})")
 
 
 def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto") -> np.ndarray:
@@ -96,6 +129,8 @@ def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend
             except Exception as exc:
                 raise InvalidMaskError(f"mask_mod {fn!r} failed on {backend} index arrays: {exc!r}") from exc
         pieces.append(dense_to_ranges(allowed))
+    if nargs == 4:
+        _check_shared_by_heads(fn, backend, seqlen)
     max_r = max(p.shape[1] for p in pieces)
     out = np.zeros((seqlen, max_r, 2), dtype=np.int32)
     row = 0
