@@ -16,7 +16,7 @@ from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
 from dcp.schedule import Schedule, schedule
-from dcp.sim.estimate import estimate_makespan_s
+from dcp.sim.estimate import estimate_device_ends_s
 from dcp.spec import BatchSpec
 from dcp.units import Kind, bytes_per_token
 
@@ -41,6 +41,8 @@ class Candidate:
     compute_imbalance: float
     stages: tuple[int, int]
     notes: tuple[str, ...] = ()
+    forward_ends: np.ndarray | None = None
+    backward_ends: np.ndarray | None = None
 
     @property
     def time_s(self) -> float:
@@ -61,6 +63,13 @@ def tile_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, direction: 
     return cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full)
 
 
+def sequence_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, n_seqs: int) -> np.ndarray:
+    """Modelled forward compute seconds of every sequence run whole in one fused call (no launch cost)."""
+    seq = layout.tb_seq[tiles.q_tb].astype(np.int64)
+    t = cost.fused_calls_s(tiles.fwd_flops, tiles.full, tiles.q_tb, tiles.kv_tb, tiles.hb, layout.tb_len, seq, n_seqs)
+    return np.maximum(t - cost.profile.kernel_overhead_us * 1e-6, 0.0)
+
+
 def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int:
     """Bytes every transfer of the schedule moves (inputs and partial outputs), as ``plan.stats()``."""
     bpt = bytes_per_token(spec, layout)
@@ -77,24 +86,26 @@ def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int
 
 def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, cost: CostModel, stage_counts: tuple[int, ...], two_phase: bool,
-             notes: tuple[str, ...] = ()) -> Candidate:
-    """Schedule a placement at each stage count, per direction keep the one estimated fastest."""
+             notes: tuple[str, ...] = (), per_direction: tuple[int, int] | None = None) -> Candidate:
+    """Schedule a placement at each stage count, per direction keep the one estimated fastest
+    (``per_direction``: one given stage count for the forward and one for the backward instead)."""
     home = np.asarray(home, dtype=np.int64)
     tile_device = np.asarray(tile_device, dtype=np.int64)
     best = {}
-    for direction in ("forward", "backward"):
+    for i, direction in enumerate(("forward", "backward")):
         tt = tile_times(cost, layout, tiles, direction)
-        for s in stage_counts:
+        for s in (stage_counts if per_direction is None else (per_direction[i],)):
             sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
-            est = estimate_makespan_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)
+            ends = estimate_device_ends_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)
+            est = float(ends.max(initial=0.0))
             if direction not in best or est < best[direction][0]:
-                best[direction] = (est, s, sched)
+                best[direction] = (est, s, sched, ends)
     flops = np.bincount(tile_device, weights=tiles.fwd_flops, minlength=cluster.n_devices)
     imbalance = float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0
     fwd, bwd = best["forward"], best["backward"]
     comm = schedule_bytes(spec, layout, fwd[2]) + schedule_bytes(spec, layout, bwd[2])
     return Candidate(label, layout, tiles, home, tile_device, fwd[2], bwd[2], fwd[0], bwd[0], comm, imbalance,
-                     (fwd[1], bwd[1]), tuple(notes))
+                     (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3])
 
 
 def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:

@@ -44,15 +44,20 @@ class SearchConfig:
     - ``objective="bytes"``: the paper's objective — the candidate that communicates the fewest bytes
       among those within the compute tolerance ``(1 + epsilon_inter)(1 + epsilon_intra)``.
 
+    With ``objective="time"``, a chosen packing is then refined (``dcp.refine``: whole sequences move off
+    the device estimated to finish last while the estimate drops), with at most ``refine_evaluations``
+    re-schedules (0: no refinement).
+
     ``max_compute_imbalance`` (optional): candidates whose device compute imbalance (max / mean tile
     FLOPs) exceeds it are not considered (when every candidate does, the most balanced one is kept).
     """
 
     objective: str = "time"
     pack_epsilons: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4)
-    stage_counts: tuple[int, ...] = (2, 4, 8)
+    stage_counts: tuple[int, ...] = (1, 2, 4, 8)
     hypergraph: bool = True
     max_compute_imbalance: float | None = None
+    refine_evaluations: int = 12
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -64,6 +69,9 @@ class SearchConfig:
             raise InvalidConfigError(f"hypergraph must be True or False, got {self.hypergraph!r}")
         if not self.hypergraph and not self.pack_epsilons:
             raise InvalidConfigError("the search needs candidates: give pack_epsilons or hypergraph=True")
+        r = self.refine_evaluations
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+            raise InvalidConfigError(f"refine_evaluations must be an int >= 0, got {r!r}")
         m = self.max_compute_imbalance
         if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or not m >= 1):
             raise InvalidConfigError(f"max_compute_imbalance must be a number >= 1 or None, got {m!r}")

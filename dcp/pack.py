@@ -5,7 +5,7 @@ every tile runs on its q block's home, so only KV travels (the cheaper side unde
 sequence lives on a *group* of devices. This module builds such placements without the static plans'
 restrictions (power-of-two groups, aligned device ranges, 2·cp equal chunks, one ring per group):
 
-1. **Groups.** Sequences go in decreasing order of work (their masks' exact area). One that fits on a
+1. **Groups.** Sequences go in decreasing order of work (the modelled compute time of each, whole). One that fits on a
    device — work within the compute cap ``(1 + epsilon) · mean`` and tokens within the memory cap — goes
    whole to the least-loaded device with room: no communication at all. One that fits nowhere is split
    over as few devices as its work needs: inside the node with the most room when that node suffices
@@ -57,10 +57,14 @@ def sequence_areas(spec: BatchSpec) -> np.ndarray:
 
 
 def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None, epsilon: float,
-         epsilon_memory: float, areas: np.ndarray | None = None) -> Packing:
-    """The packing placement of the module docstring. ``areas``: ``sequence_areas(spec)`` if known."""
+         epsilon_memory: float, weights: np.ndarray | None = None, half_extent: float = 0.0) -> Packing:
+    """The packing placement of the module docstring. ``weights``: the work of every sequence (default
+    its mask's area; the planner gives its modelled compute time, in which short sequences weigh more
+    than their FLOPs because small kernels run below peak). ``half_extent``: the query extent at which
+    kernels run at half speed (the cost profile's ``half_rows``): a member holding a share of a split
+    sequence runs its part on fewer query rows than the whole, so its load counts that slow-down."""
     n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
-    seq_w = sequence_areas(spec) if areas is None else np.asarray(areas, float)
+    seq_w = sequence_areas(spec) if weights is None else np.asarray(weights, float)
     seq_t = np.asarray(spec.seqlens, float)
     cap_w = (1 + epsilon) * seq_w.sum() / n_dev
     cap_t = (1 + epsilon_memory) * seq_t.sum() / n_dev
@@ -77,11 +81,13 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
             load[d] += w
             tokens[d] += t
             continue
-        members = _group(load, cap_w, w, gpn)
+        n = float(spec.seqlens[s])
+        slow = lambda share: (n / (n + half_extent)) / (share * n / (share * n + half_extent))  # noqa: E731
+        members = _group(load, cap_w, w * slow(cap_w / w), gpn)
         free = np.maximum(cap_w - load[members], 0.0)
         share = free / free.sum() if free.sum() > 0 else np.full(members.size, 1.0 / members.size)
         groups[s], shares[s] = tuple(members.tolist()), share
-        load[members] += share * w
+        load[members] += share * w * slow(share)
         tokens[members] += share * t
     bounds, homes = [], []
     for s, n in enumerate(spec.seqlens):

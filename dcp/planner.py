@@ -17,13 +17,14 @@ import numpy as np
 from dcp.assign import start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
 from dcp.build import build_program
-from dcp.candidates import Candidate, evaluate, same_placement
+from dcp.candidates import Candidate, evaluate, same_placement, sequence_times
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
-from dcp.errors import InvalidBatchError, InvalidClusterError, PartitionerError, TooFewBlocksError
-from dcp.pack import pack, sequence_areas
+from dcp.errors import InvalidBatchError, InvalidClusterError, InvalidConfigError, PartitionerError, TooFewBlocksError
+from dcp.pack import pack
 from dcp.partition import GreedyPartitioner
 from dcp.plan import Plan
+from dcp.refine import refine_packing
 from dcp.schedule import Routes, Schedule
 from dcp.spec import BatchSpec
 from dcp.validate import validate
@@ -57,11 +58,14 @@ def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
     return dataclasses.replace(plan, planning_time_s=time.perf_counter() - started, meta=meta)
 
 
-def check_inputs(spec: BatchSpec, cluster: Cluster) -> None:
+def check_inputs(spec: BatchSpec, cluster: Cluster, config=None) -> None:
     if not isinstance(spec, BatchSpec):
         raise InvalidBatchError(f"expected a dcp.BatchSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
         raise InvalidClusterError(f"expected a dcp.Cluster, got {type(cluster).__name__}")
+    if config is not None and not isinstance(config, PlannerConfig):
+        hint = f" (write dcp.PlannerConfig(**{config!r}))" if isinstance(config, dict) else ""
+        raise InvalidConfigError(f"expected a dcp.PlannerConfig, got {type(config).__name__}{hint}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +80,7 @@ class DCPPlanner(Planner):
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
-        check_inputs(spec, cluster)
+        check_inputs(spec, cluster, self.config)
         cfg = self.config
         layout = uniform_layout(spec, cfg.block_size, cfg.head_block_size)
         if layout.n_token_blocks < cluster.n_devices and not cfg.allow_idle_devices:
@@ -92,7 +96,7 @@ class DCPPlanner(Planner):
                                    cluster.gpus_per_node, cfg.partitioner, cfg.epsilon_inter, cfg.epsilon_intra,
                                    cfg.epsilon_memory, cfg.seed, cfg.time_budget_s)
         try:
-            cands = self._packings(spec, cluster)
+            cands, packings = self._packings(spec, cluster, layout, tiles)
             notes: list[str] = []
             if pending is not None:
                 job, pending = pending, None
@@ -104,6 +108,8 @@ class DCPPlanner(Planner):
             if pending is not None:  # an error before the partitioner's result was taken
                 pending.cancel()
         best = choose(cands, cfg)
+        if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
+            best = self._refine(spec, cluster, best, cands, *packings[best.label])
         plan = assemble(spec, cluster, best.layout, best.tiles, best.home, best.tile_device,
                         best.forward.tile_stage, best.forward.routes, self.name, started,
                         tuple(notes) + best.notes, backward=best.backward)
@@ -116,20 +122,40 @@ class DCPPlanner(Planner):
         cfg = self.config
         return cfg.search.stage_counts if cfg.search.objective == "time" else (cfg.max_stages,)
 
-    def _packings(self, spec: BatchSpec, cluster: Cluster) -> list[Candidate]:
+    def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
+                weights) -> Candidate:
+        """Refine the chosen packing (``dcp.refine``); it stays chosen only if it still wins."""
+        cfg = self.config
+        tokens = np.bincount(best.home, weights=best.layout.tb_len, minlength=cluster.n_devices)
+        cap = max(float(tokens.max()), (1 + cfg.epsilon_memory) * spec.total_tokens / cluster.n_devices)
+        refined = refine_packing(best, groups, weights, spec, cluster, cfg.cost_model, cfg.two_phase, cap,
+                                 cfg.search.refine_evaluations)
+        if refined is best:
+            return best
+        refined = dataclasses.replace(refined, label=best.label + "+refined")
+        cands.append(refined)
+        return choose(cands, cfg)
+
+    def _packings(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
+                  tiles: TileSet) -> tuple[list[Candidate], dict]:
+        """The packing candidates, and per label its sequence groups and weights (for refinement)."""
         cfg, search = self.config, self.config.search
         epsilons = search.pack_epsilons
         if search.objective == "bytes":  # only packings within the compute tolerance
             epsilons = tuple(e for e in epsilons if 1 + e <= cfg.compute_tolerance * (1 + 1e-9))
         out: list[Candidate] = []
-        areas = sequence_areas(spec) if epsilons else None
+        groups: dict = {}
+        weights = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) if epsilons else None
         for eps in epsilons:
-            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, cfg.epsilon_memory + eps, areas)
+            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, cfg.epsilon_memory + eps, weights,
+                      cfg.cost_model.profile.half_rows)
             if any(same_placement(c, pk.layout, pk.home) for c in out):
                 continue
-            out.append(evaluate(f"pack(eps={eps:g})", spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
+            label = f"pack(eps={eps:g})"
+            out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
                                 cfg.cost_model, self._stage_counts(), cfg.two_phase))
-        return out
+            groups[label] = (pk.groups, weights)
+        return out, groups
 
     def _hypergraph(self, spec, cluster, layout, tiles, pending, notes: list[str], others: bool) -> Candidate:
         cfg = self.config

@@ -213,15 +213,42 @@ def input_rounds(dm: Demands, unit_key: np.ndarray, home: np.ndarray, cluster: C
     return arrival, source
 
 
+def round_durations(dm: Demands, arrival: np.ndarray, source: np.ndarray, cluster: Cluster,
+                    cost: CostModel) -> np.ndarray:
+    """float ``[n_devices, last round + 2]``: about how long each device's input transfers of each round
+    take (its busier port, and its node's busier NIC when it sends or receives across nodes)."""
+    p = cost.profile
+    n, gpn, nodes = cluster.n_devices, cluster.gpus_per_node, cluster.nodes
+    width = int(arrival.max(initial=0)) + 2
+    out = np.zeros((n, width))
+    if dm.n == 0:
+        return out
+    b = dm.nbytes.astype(float)
+    port = np.maximum(np.bincount(dm.dev * width + arrival, weights=b, minlength=n * width),
+                      np.bincount(source * width + arrival, weights=b, minlength=n * width)) / (p.nvlink_gbps * 1e9)
+    out += port.reshape(n, width)
+    cross = source // gpn != dm.dev // gpn
+    if cross.any():
+        nic_in = np.bincount((dm.dev[cross] // gpn) * width + arrival[cross], weights=b[cross], minlength=nodes * width)
+        nic_out = np.bincount((source[cross] // gpn) * width + arrival[cross], weights=b[cross], minlength=nodes * width)
+        nic = (np.maximum(nic_in, nic_out) / (p.nic_gbps_per_node * 1e9)).reshape(nodes, width)
+        uses = np.zeros(n * width, dtype=bool)
+        uses[dm.dev[cross] * width + arrival[cross]] = True
+        uses[source[cross] * width + arrival[cross]] = True
+        out = np.maximum(out, np.where(uses.reshape(n, width), nic[np.arange(n) // gpn], 0.0))
+    return out + np.where(out > 0, p.link_latency_us * 1e-6, 0.0)
+
+
 def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarray, tile_time: np.ndarray,
-                staged: np.ndarray, n_stages: int) -> np.ndarray:
+                staged: np.ndarray, n_stages: int, round_s: np.ndarray | None = None) -> np.ndarray:
     """Stage of every tile (module docstring). ``release[t]``: the round its last input arrives (0:
     local inputs, and then local outputs too); ``out_unit[t]``: a partial output of the tile that
     belongs to another device (-1: none) — tiles of one such unit are kept together, units whose tiles
     are all released first, so each partial is complete (and leaves) as early as possible;
     ``staged[d]``: device d takes part in transfers after round 1, so it computes in stages
-    0..max(n_stages, last release) paced to its compute per round (others compute everything as soon
-    as it is released: at most two fused calls)."""
+    0..max(n_stages, last release) paced to its compute per round, each stage at least as long as the
+    next round's transfers where it has the work (``round_s``, ``round_durations``); others compute
+    everything as soon as it is released: at most two fused calls."""
     stage = np.array(release, dtype=np.int64)
     order = np.lexsort((np.arange(tile_device.size), tile_device))
     cuts = np.flatnonzero(np.r_[True, tile_device[order][1:] != tile_device[order][:-1], True])
@@ -239,20 +266,24 @@ def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarr
             unit_ready = np.zeros(uu.size, dtype=np.int64)
             np.maximum.at(unit_ready, inv, rel[out])
             ready[out] = unit_ready[inv]
-        target = float(tt.sum()) / (last + 1)
+        target = np.full(last + 1, float(tt.sum()) / (last + 1))
+        if round_s is not None:  # a stage as long as the round it hides, where the work allows
+            d = int(tile_device[t[0]])
+            k = min(last, round_s.shape[1] - 1)
+            target[:k] = np.maximum(target[:k], round_s[d, 1:k + 1])
         local = np.flatnonzero(rel == 0)
         st = np.full(t.size, -1, dtype=np.int64)
-        st[local[np.cumsum(tt[local]) - tt[local] < target]] = 0  # stage 0 hides round 1
+        st[local[np.cumsum(tt[local]) - tt[local] < target[0]]] = 0  # stage 0 hides round 1
         if out.any():  # local work kept for the last stage, so the partials sent before it travel meanwhile
             rest = local[st[local] < 0][::-1]
-            st[rest[np.cumsum(tt[rest]) <= target]] = last
+            st[rest[np.cumsum(tt[rest]) <= target[-1]]] = last
         for s in range(1, last):
             cand = np.flatnonzero((st < 0) & (rel <= s))
             if cand.size == 0:
                 continue
             # partials leave early: remote-output tiles first, a unit's tiles together, ready units first
             cand = cand[np.lexsort((cand, rel[cand], unit[cand], ready[cand], ~out[cand]))]
-            st[cand[np.cumsum(tt[cand]) - tt[cand] < target]] = s
+            st[cand[np.cumsum(tt[cand]) - tt[cand] < target[s]]] = s
         st[st < 0] = last
         stage[t] = st
     return stage
@@ -350,7 +381,8 @@ def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
     for out, blocks in ((q_out, tiles.q_tb), (kv_out, tiles.kv_tb)) if direction == "backward" else ((q_out, tiles.q_tb),):
         staged[tile_device[out]] = True
         staged[home[blocks[out]]] = True
-    stage = tile_stages(tile_device, release, out_unit, tile_time, staged, max_stages)
+    stage = tile_stages(tile_device, release, out_unit, tile_time, staged, max_stages,
+                        round_durations(dm, arrival, source, cluster, cost))
     inputs = np.stack([dm.side, dm.tb, dm.hb, source, dm.dev, arrival], axis=1).astype(np.int64) \
         if dm.n else np.zeros((0, 6), dtype=np.int64)
     outputs = output_routes(tiles, home, tile_device, stage, nhb, direction)

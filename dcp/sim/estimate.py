@@ -42,6 +42,12 @@ def stage_compute_s(layout: BlockLayout, tiles: TileSet, tile_device: np.ndarray
 def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet,
                         home: np.ndarray, tile_device: np.ndarray, sched: Schedule, cost: CostModel) -> float:
     """Estimated makespan (seconds) of ``sched``'s direction (module docstring)."""
+    return float(estimate_device_ends_s(spec, cluster, layout, tiles, home, tile_device, sched, cost).max(initial=0.0))
+
+
+def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet,
+                           home: np.ndarray, tile_device: np.ndarray, sched: Schedule, cost: CostModel) -> np.ndarray:
+    """float ``[n_devices]``: when each device's stream is estimated to finish (its last wait included)."""
     p = cost.profile
     direction = sched.direction
     n, gpn = cluster.n_devices, cluster.gpus_per_node
@@ -84,7 +90,6 @@ def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, 
         per_tok = spec.num_heads * (2 * spec.head_dim * spec.element_bytes + LSE_BYTES)
         t = np.where(tokens > 0, cost.memory_bound_s(tokens * per_tok), 0.0)
     port, nic, lat = p.nvlink_gbps * 1e9, p.nic_gbps_per_node * 1e9, p.link_latency_us * 1e-6
-    end = 0.0
     for r in range(1, max(n_rounds, n_stages) + 1):
         post = t.copy()
         if r - 1 < n_stages:
@@ -107,7 +112,6 @@ def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, 
                 done = np.zeros(n)
                 np.maximum.at(done, src, fin)
                 np.maximum.at(done, dst, fin)
-                end = max(end, float(fin.max()))
-                t = np.maximum(t, done)
+                t = np.maximum(t, done)  # both ends wait for every flow of the round
             t = t + red[:, r]
-    return float(max(t.max(initial=0.0), end))
+    return t
