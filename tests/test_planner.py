@@ -154,7 +154,7 @@ def test_fewer_blocks_than_devices_leaves_idle_devices_or_refuses():
     (lambda: dcp.BatchSpec([10], M.CausalMask(), 6, 4, 8), dcp.InvalidBatchError),
     (lambda: dcp.BatchSpec([10], M.CausalMask(), 0, 1, 8), dcp.InvalidBatchError),
     (lambda: dcp.BatchSpec([10, 5], [M.CausalMask()], 2, 1, 8), dcp.InvalidBatchError),
-    (lambda: dcp.BatchSpec([10], "causal", 2, 1, 8), dcp.InvalidBatchError),
+    (lambda: dcp.BatchSpec([10], "no-such-mask", 2, 1, 8), (dcp.InvalidBatchError, dcp.InvalidMaskError)),
     (lambda: dcp.BatchSpec([10], M.CausalMask(), 2, 1, 8, dtype="int8"), dcp.InvalidBatchError),
     (lambda: dcp.PlannerConfig(block_size=0), dcp.InvalidConfigError),
     (lambda: dcp.PlannerConfig(block_size=-4), dcp.InvalidConfigError),
