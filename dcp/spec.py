@@ -25,7 +25,8 @@ class BatchSpec:
 
     Args:
         seqlens: positive token count of every sequence, in packing order.
-        masks: one ``Mask`` for all sequences, or one per sequence.
+        masks: one ``Mask`` for all sequences, or one per sequence; a mask family's name ("causal",
+            "full", or any ``dcp.masks.from_cli`` name whose parameters all have defaults) stands for it.
         num_heads: query heads ``Hq``; ``num_kv_heads`` (``Hkv``) must divide it (GQA).
         head_dim: ``D``, the size of one head.
         dtype: element type of q/k/v/o: "bfloat16" (default), "float16", "float32" or "float64"
@@ -45,25 +46,18 @@ class BatchSpec:
 
     def __init__(self, seqlens: Sequence[int], masks: Mask | Sequence[Mask], num_heads: int,
                  num_kv_heads: int | None = None, head_dim: int = 128, dtype="bfloat16"):
-        lens = np.asarray(list(seqlens) if not isinstance(seqlens, np.ndarray) else seqlens)
-        if lens.ndim != 1 or lens.size == 0:
-            raise InvalidBatchError("seqlens must be a non-empty 1-D sequence of positive ints")
-        if not np.issubdtype(lens.dtype, np.integer):
-            if not (np.issubdtype(lens.dtype, np.floating) and np.all(lens == np.round(lens))):
-                raise InvalidBatchError(f"seqlens must be integers, got dtype {lens.dtype}")
-        if (lens <= 0).any():
-            i = int(np.argmax(lens <= 0))
-            raise InvalidBatchError(f"sequence {i} has length {lens[i]}; lengths must be positive")
-        if isinstance(masks, Mask):
-            mask_tuple = (masks,) * lens.size
+        lens = _lengths(seqlens)
+        if isinstance(masks, (Mask, str)):
+            mask_tuple = (_mask(masks, 0),) * lens.size
         else:
-            mask_tuple = tuple(masks)
+            try:
+                mask_tuple = tuple(_mask(m, i) for i, m in enumerate(masks))
+            except TypeError:
+                raise InvalidBatchError(f"masks must be a dcp.masks.Mask (or a mask name), or one per sequence; got "
+                                        f"{type(masks).__name__}") from None
             if len(mask_tuple) != lens.size:
                 raise InvalidBatchError(
                     f"got {len(mask_tuple)} masks for {lens.size} sequences; give one mask or one per sequence")
-        for i, m in enumerate(mask_tuple):
-            if not isinstance(m, Mask):
-                raise InvalidBatchError(f"mask {i} is {type(m).__name__}, not a dcp.masks.Mask")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
@@ -144,6 +138,49 @@ class BatchSpec:
         uniq = [from_description(m) for m in d["masks"]]
         return BatchSpec(d["seqlens"], [uniq[i] for i in d["mask_index"]], d["num_heads"],
                          d["num_kv_heads"], d["head_dim"], d["dtype"])
+
+
+def _lengths(seqlens) -> np.ndarray:
+    """``seqlens`` as a 1-D int64 array of positive lengths, or ``InvalidBatchError`` saying what is wrong."""
+    what = "seqlens must be a non-empty 1-D sequence of positive ints"
+    if seqlens is None or isinstance(seqlens, (str, bytes, dict)):
+        raise InvalidBatchError(f"{what}, got {type(seqlens).__name__}")
+    try:
+        items = seqlens if isinstance(seqlens, np.ndarray) else list(seqlens)
+        lens = np.asarray(items)
+    except (TypeError, ValueError) as err:
+        raise InvalidBatchError(f"{what}, got {seqlens!r:.80} ({err})") from None
+    if lens.ndim != 1 or lens.size == 0:
+        raise InvalidBatchError(f"{what}, got shape {lens.shape}")
+    bools = [i for i, x in enumerate(lens.tolist() if lens.dtype == bool else items) if isinstance(x, (bool, np.bool_))]
+    if lens.dtype == bool or bools:
+        raise InvalidBatchError(f"{what}: entry {bools[0] if bools else 0} is a bool")
+    if not np.issubdtype(lens.dtype, np.integer):
+        if not np.issubdtype(lens.dtype, np.floating):
+            raw = list(items)
+            i = next((i for i, x in enumerate(raw) if not isinstance(x, (int, float, np.integer, np.floating))), 0)
+            raise InvalidBatchError(f"{what}: entry {i} is {raw[i]!r}")
+        bad = ~np.isfinite(lens) | (lens != np.round(lens))
+        if bad.any():
+            raise InvalidBatchError(f"{what}: entry {int(np.argmax(bad))} is {lens[np.argmax(bad)].item()!r}")
+    if (lens <= 0).any():
+        i = int(np.argmax(lens <= 0))
+        raise InvalidBatchError(f"sequence {i} has length {lens[i]}; lengths must be positive")
+    if lens.max() >= 2**31:
+        raise InvalidBatchError(f"sequence {int(np.argmax(lens >= 2**31))} has {int(lens.max())} tokens; at most "
+                                f"{2**31 - 1} per sequence")
+    return lens.astype(np.int64)
+
+
+def _mask(m, i: int) -> Mask:
+    """A mask, or a mask family name (``dcp.masks.from_cli``: "causal", "full", ...)."""
+    if isinstance(m, Mask):
+        return m
+    if isinstance(m, str):
+        from dcp.masks import from_cli
+
+        return from_cli(m)
+    raise InvalidBatchError(f"mask {i} is {type(m).__name__}, not a dcp.masks.Mask or a mask name")
 
 
 def _hashable(obj) -> bool:

@@ -700,7 +700,7 @@ class DeviceRunner:
         (o, lse) rows, for assembling the packed result without a local one."""
         self._check_done()
         o_lse = self._result(Kind.O, (self.dt.el, self.dt.stat), (0.0, float("-inf")), blocks)
-        return None if blocks is not None else tuple(o_lse)
+        return None if blocks is not None else own_storages(*o_lse)
 
     def finish_backward(self, blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(dq, dk, dv) local, in the element dtype; with ``blocks``: like ``finish_forward``."""
@@ -708,12 +708,24 @@ class DeviceRunner:
         el = self.dt.el
         dq = self._result(Kind.DQ, (el,), (0.0,), blocks)
         dk_dv = self._result(Kind.DKV, (el, el), (0.0, 0.0), blocks)
-        return None if blocks is not None else (*dq, *dk_dv)
+        return None if blocks is not None else own_storages(*dq, *dk_dv)
 
     @property
     def can_hand_blocks(self) -> bool:
         """Whether each home token block's result rows are one region (head blocks split no row)."""
         return not any(self._split(k) for k in OUTPUT_KINDS[self.direction])
+
+
+def own_storages(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors``, each on a storage of its own: results adopted from one received message are views of
+    one uint8 buffer (o in the element dtype, lse in fp32), and ``torch.save`` refuses tensors that share
+    a storage with different dtypes. A tensor sharing an earlier one's storage is copied."""
+    seen, out = set(), []
+    for t in tensors:
+        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        out.append(t.clone() if ptr is not None and ptr in seen else t)
+        seen.add(ptr)
+    return tuple(out)
 
 
 def backward_home(q, k, v, o, lse, do) -> tuple:

@@ -16,8 +16,8 @@ import torch
 from dcp.errors import ExecutionError
 from dcp.execute.buffers import cat_as
 from dcp.execute.dispatch import undispatch
-from dcp.execute.local import (DeviceRunner, _stat_dtype, backward_home, default_scale, ensure_valid, plan_tables,
-                               resolve_kernels)
+from dcp.execute.local import (DeviceRunner, _stat_dtype, backward_home, default_scale, ensure_valid, own_storages,
+                               plan_tables, resolve_kernels)
 from dcp.plan import Plan
 
 
@@ -155,7 +155,7 @@ class ReferenceExecutor:
             parts = [blocks[int(tb)][i] for tb in order]
             dtype = r0.dt.stat if (r0.direction == "forward" and i == 1) else r0.dt.el
             out.append(cat_as(parts, dim, dtype, None))
-        return out
+        return list(own_storages(*out))
 
     def backward_local(self, plan: Plan, qs, ks, vs, os, lses, dos) -> tuple[list, list, list]:
         runners = self._run(plan, "backward", [backward_home(qs[d], ks[d], vs[d], os[d], lses[d], dos[d])
