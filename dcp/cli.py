@@ -5,6 +5,7 @@ Planner and partitioner names map to typed objects here, and only here.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -15,13 +16,16 @@ import numpy as np
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import DcpError
+from dcp.report import print_table, progress
 from dcp.spec import BatchSpec
 
 PARTITIONERS = ("mtkahypar", "kahypar", "greedy")
 PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
 SEARCH_PLANNERS = ("dcp_auto",)  # dcp at its best block size, or a static plan when that simulates faster
-STAT_COLUMNS = ("planner", "n_devices", "n_tiles", "planning_time_s", "comm_bytes_total", "comm_bytes_inter_node",
-                "max_device_comm_bytes", "compute_imbalance", "memory_imbalance", "valid")
+#: PlannerConfig's defaults, so that the flags never drift from the library
+CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlannerConfig)
+                   if f.default is not dataclasses.MISSING}
+DATASET_FLAGS = ("dataset", "scale", "tokens", "batch_index")  # choose a synthetic batch (or a file's)
 
 
 def make_partitioner(name: str, threads: int = 0):
@@ -63,9 +67,17 @@ def _mask_from_args(args):
 def _lengths_from_args(args) -> np.ndarray:
     from dcp.data import load_length_batches, make_batches, parse_lengths_arg
 
+    given = getattr(args, "given", set())
     if args.lengths:
+        clash = sorted(given & set(DATASET_FLAGS))
+        if clash:
+            raise DcpError(f"--lengths gives the batch itself: {', '.join('--' + c.replace('_', '-') for c in clash)} "
+                           f"would be ignored; drop {'it' if len(clash) == 1 else 'them'}")
         return parse_lengths_arg(args.lengths)
     if args.lengths_file:
+        clash = sorted(given & {"dataset", "scale", "tokens"})
+        if clash:
+            raise DcpError(f"--lengths-file gives the batches: {', '.join('--' + c for c in clash)} would be ignored")
         batches = load_length_batches(args.lengths_file)
         if not 0 <= args.batch_index < len(batches):
             raise DcpError(f"--batch-index {args.batch_index} out of range: the file holds {len(batches)} batches")
@@ -74,32 +86,71 @@ def _lengths_from_args(args) -> np.ndarray:
                         seed=args.seed)[args.batch_index]
 
 
+class _Given(argparse.Action):
+    """Store the value and remember that the flag was given, so that conflicting flags are refused."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
+def _time_budget(text: str):
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'none', got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"the time budget must be positive, got {text!r}")
+    return value
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in --help (argparse's formatter), except where there is none."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
-    src = p.add_argument_group("batch")
-    src.add_argument("--lengths", help="comma-separated sequence lengths, e.g. 8192,4096,1000")
-    src.add_argument("--lengths-file", help="a .npy/.txt/.json file of lengths (see dcp.data.load_length_batches)")
-    src.add_argument("--dataset", default=dataset_default, choices=("longalign", "ldc", "megatron_mock"),
+    src = p.add_argument_group("batch (--lengths, --lengths-file, or a synthetic --dataset batch)")
+    which = src.add_mutually_exclusive_group()
+    which.add_argument("--lengths", help="comma-separated sequence lengths, e.g. 8192,4096,1000")
+    which.add_argument("--lengths-file", help="a .npy/.txt/.json file of lengths (see dcp.data.load_length_batches)")
+    src.add_argument("--dataset", default=dataset_default, choices=("longalign", "ldc", "megatron_mock"), action=_Given,
                      help="synthetic length distribution (approximates the paper's datasets)")
-    src.add_argument("--scale", type=float, default=1.0, help="multiply every sampled length")
-    src.add_argument("--tokens", type=int, default=131072, help="tokens per batch")
-    src.add_argument("--seed", type=int, default=0)
-    src.add_argument("--batch-index", type=int, default=0, help="which batch of the stream/file")
+    src.add_argument("--scale", type=float, default=1.0, action=_Given, help="multiply every sampled length")
+    src.add_argument("--tokens", type=int, default=131072, action=_Given,
+                     help="token budget per batch (batches are kept when at least 75%% full)")
+    src.add_argument("--seed", type=int, default=0, help="sampling and partitioner seed")
+    src.add_argument("--batch-index", type=int, default=0, action=_Given, help="which batch of the stream/file")
     m = p.add_argument_group("mask and heads")
     m.add_argument("--mask", default="causal", help="causal, full, sliding_window, lambda, shared_question, "
                    "causal_blockwise, modality, prefix_lm, document")
     m.add_argument("--mask-param", action="append", metavar="KEY=VALUE", help="mask parameter, e.g. window=4096")
-    m.add_argument("--heads", type=int, default=8)
-    m.add_argument("--kv-heads", type=int, default=2)
-    m.add_argument("--head-dim", type=int, default=128)
-    m.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "float64"))
+    m.add_argument("--heads", type=int, default=8, help="query heads")
+    m.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA: must divide --heads)")
+    m.add_argument("--head-dim", type=int, default=128, help="size of one head")
+    m.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32", "float64"),
+                   help="element type (sets the bytes moved)")
     c = p.add_argument_group("cluster and planner")
-    c.add_argument("--nodes", type=int, default=4)
-    c.add_argument("--gpus-per-node", type=int, default=8)
-    c.add_argument("--block-size", type=int, default=1024)
-    c.add_argument("--head-block-size", type=int, default=None)
-    c.add_argument("--partitioner", default="mtkahypar", choices=PARTITIONERS)
-    c.add_argument("--epsilon-intra", type=float, default=0.045)
-    c.add_argument("--epsilon-inter", type=float, default=0.045)
+    c.add_argument("--nodes", type=int, default=4, help="machines of the cluster")
+    c.add_argument("--gpus-per-node", type=int, default=8, help="devices per machine")
+    c.add_argument("--block-size", type=int, default=CONFIG_DEFAULTS["block_size"], help="tokens per token block")
+    c.add_argument("--head-block-size", type=int, default=None, help="query heads per head block (default: all)")
+    c.add_argument("--partitioner", default="mtkahypar", choices=PARTITIONERS, help="hypergraph partitioner of dcp")
+    c.add_argument("--epsilon-intra", type=float, default=CONFIG_DEFAULTS["epsilon_intra"],
+                   help="compute imbalance allowed between the GPUs of a node")
+    c.add_argument("--epsilon-inter", type=float, default=CONFIG_DEFAULTS["epsilon_inter"],
+                   help="compute imbalance allowed between nodes")
+    c.add_argument("--epsilon-memory", type=float, default=CONFIG_DEFAULTS["epsilon_memory"],
+                   help="resident-token imbalance allowed at each level")
+    c.add_argument("--time-budget", type=_time_budget, default=CONFIG_DEFAULTS["time_budget_s"], metavar="SECONDS",
+                   help="partitioning time limit per plan ('none': no limit); past it the planner falls back to "
+                        "the greedy partitioner and says so")
     c.add_argument("--profile", default="a100", help="cost-model GPU profile: a100, h100, h200 or a .json path")
     c.add_argument("--no-two-phase", action="store_true", help="no node-level relay/merge of transfers")
 
@@ -109,30 +160,14 @@ def _config(args) -> PlannerConfig:
 
     return PlannerConfig(block_size=args.block_size, head_block_size=args.head_block_size,
                          partitioner=make_partitioner(args.partitioner), epsilon_intra=args.epsilon_intra,
-                         epsilon_inter=args.epsilon_inter, seed=args.seed, two_phase=not args.no_two_phase,
+                         epsilon_inter=args.epsilon_inter, epsilon_memory=args.epsilon_memory, seed=args.seed,
+                         two_phase=not args.no_two_phase, time_budget_s=args.time_budget,
                          cost_model=CostModel.named(args.profile))
 
 
 def _spec(args) -> BatchSpec:
     return BatchSpec(_lengths_from_args(args), _mask_from_args(args), args.heads, args.kv_heads, args.head_dim,
                      args.dtype)
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 10**6:
-        return f"{v / 1e6:.1f}M"
-    return str(v)
-
-
-def print_table(rows: list[dict], columns=STAT_COLUMNS, out=sys.stdout) -> None:
-    cells = [[c for c in columns]] + [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    for j, row in enumerate(cells):
-        print("  ".join(x.rjust(w) for x, w in zip(row, widths)), file=out)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), file=out)
 
 
 def cmd_plan(args) -> int:
@@ -142,13 +177,17 @@ def cmd_plan(args) -> int:
     names = PLANNERS if args.planner == "all" else [args.planner]
     rows = []
     for name in names:
-        with warnings.catch_warnings(record=True) as caught:
+        label = f"planning {spec.num_seqs} sequences ({spec.total_tokens:,} tokens) for {cluster.n_devices} devices " \
+                f"with {name}" + (f" (partitioner time budget {config.time_budget_s:g} s)"
+                                  if name.startswith("dcp") and config.time_budget_s else "")
+        with progress(label), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             plan = make_planner(name, config).plan(spec, cluster)
-        row = plan.stats().to_dict()
+        stats = plan.stats()
+        row = stats.to_dict()
         row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=spec.masks[0].name,
                    block_size=args.block_size if name == "dcp" else None,
-                   warnings=[str(w.message) for w in caught])
+                   warnings=[str(w.message) for w in caught] + list(stats.warnings))
         rows.append(row)
         if args.output and name == names[0]:
             with open(args.output, "wb") as f:
@@ -168,19 +207,25 @@ def cmd_plan(args) -> int:
 def cmd_demo(args) -> int:
     from dcp.demo import run_demo
 
-    return run_demo(args)
+    config = _config(args)
+    planners = {name: make_planner(name, config) for name in PLANNERS}
+    return run_demo(_spec(args), Cluster(args.nodes, args.gpus_per_node), config, planners,
+                    execute=not args.no_execute)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dcp", description="dynamic context parallelism planner")
+    parser = argparse.ArgumentParser(prog="dcp", description="dynamic context parallelism planner",
+                                     formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="plan one batch and print what the plan achieves")
+    p = sub.add_parser("plan", help="plan one batch and print what the plan achieves", formatter_class=HelpFormatter)
     _add_batch_args(p)
-    p.add_argument("--planner", default="dcp", choices=(*PLANNERS, *SEARCH_PLANNERS, "all"))
+    p.add_argument("--planner", default="dcp", choices=(*PLANNERS, *SEARCH_PLANNERS, "all"),
+                   help="dcp, a static baseline, dcp_auto (the fastest by simulation) or all of them")
     p.add_argument("--json", action="store_true", help="print statistics as JSON")
     p.add_argument("--output", help="write the (first) plan's bytes to this file")
     p.set_defaults(func=cmd_plan)
-    d = sub.add_parser("demo", help="plan a realistic batch with dcp and the baselines (and run one on CPU)")
+    d = sub.add_parser("demo", help="plan a realistic batch with dcp and the baselines (and run one on CPU)",
+                       formatter_class=HelpFormatter)
     _add_batch_args(d)
     d.add_argument("--no-execute", action="store_true", help="plan only, do not run the CPU execution check")
     d.set_defaults(func=cmd_demo)

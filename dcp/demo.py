@@ -1,64 +1,88 @@
-"""``dcp demo``: plan a realistic batch with dcp and every baseline, print what each achieves, then run
-a dcp plan on 4 CPU processes (gloo) and report its error against dense attention."""
+"""``dcp demo``: plan one realistic batch with dcp and every baseline, say what each plan achieves and which
+is best, then run a dcp plan of a small batch on 4 CPU processes (gloo) against dense attention.
+
+The command line (``dcp.cli``) builds the batch, cluster, config and planners and calls ``run_demo``;
+this module imports nothing from it.
+"""
 from __future__ import annotations
 
-import time
+import sys
 import warnings
+from typing import Mapping, TextIO
 
 from dcp.cluster import Cluster
+from dcp.config import PlannerConfig
+from dcp.planner import Planner
+from dcp.report import STAT_COLUMNS, gigabytes, print_table, progress
+from dcp.spec import BatchSpec
 
 
-def run_demo(args) -> int:
-    from dcp.cli import PLANNERS, _config, _spec, make_planner, print_table
-
-    spec = _spec(args)
-    cluster = Cluster(args.nodes, args.gpus_per_node)
-    config = _config(args)
-    print(f"dcp demo: {spec.num_seqs} sequences ({min(spec.seqlens)}..{max(spec.seqlens)} tokens, "
-          f"{spec.total_tokens} in all), mask {spec.masks[0].name}, {spec.num_heads} q / {spec.num_kv_heads} kv "
-          f"heads, head dim {spec.head_dim}, {spec.dtype}; cluster {cluster.nodes} nodes x "
-          f"{cluster.gpus_per_node} GPUs; dcp block size {config.block_size}\n")
-    from dcp.cli import STAT_COLUMNS
+def run_demo(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, planners: Mapping[str, Planner],
+             execute: bool = True, out: TextIO | None = None) -> int:
+    """Plan ``spec`` on ``cluster`` with each of ``planners`` (dcp first), print the table and a verdict,
+    and (``execute``) run the execution check. Returns 0, or 1 when the executed check mismatches."""
     from dcp.sim import simulate_both
 
+    out = out or sys.stdout
+    print(f"dcp demo: {spec.num_seqs} sequences ({min(spec.seqlens):,}..{max(spec.seqlens):,} tokens, "
+          f"{spec.total_tokens:,} in all), mask {spec.masks[0].name}, {spec.num_heads} q / {spec.num_kv_heads} kv "
+          f"heads, head dim {spec.head_dim}, {spec.dtype}; cluster {cluster.nodes} nodes x "
+          f"{cluster.gpus_per_node} GPUs; dcp block size {config.block_size}\n", file=out, flush=True)
     rows = []
-    for name in PLANNERS:
-        with warnings.catch_warnings():
+    for name, planner in planners.items():
+        with progress(f"planning with {name}"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = make_planner(name, config).plan(spec, cluster)
+            plan = planner.plan(spec, cluster)
+        with progress(f"simulating {name}'s plan"):
+            fwd, bwd = simulate_both(plan, config.cost_model, record_events=False)
         row = plan.stats().to_dict()
-        fwd, bwd = simulate_both(plan, config.cost_model, record_events=False)
         row["sim_fwd_bwd_ms"] = (fwd.makespan_s + bwd.makespan_s) * 1e3
         rows.append(row)
-    print_table(rows, columns=STAT_COLUMNS + ("sim_fwd_bwd_ms",))
-    print(f"(sim_fwd_bwd_ms: SIMULATED forward + backward attention time, cost-model profile "
-          f"'{config.cost_model.profile.name}' with assumed constants; every other column is exact)")
-    dcp_row = rows[0]
-    best = min(rows[1:], key=lambda r: r["comm_bytes_total"])
-    best_inter = min(rows[1:], key=lambda r: r["comm_bytes_inter_node"])
-    fastest = min(rows[1:], key=lambda r: r["sim_fwd_bwd_ms"])
-    print(f"\nsimulated: dcp {dcp_row['sim_fwd_bwd_ms']:.2f} ms vs the fastest baseline ({fastest['planner']}) "
-          f"{fastest['sim_fwd_bwd_ms']:.2f} ms per attention layer (forward + backward).")
-    print(f"dcp communicates {dcp_row['comm_bytes_total'] / best['comm_bytes_total']:.2f}x the bytes of the best "
-          f"baseline ({best['planner']}) and {_ratio(dcp_row['comm_bytes_inter_node'], best_inter['comm_bytes_inter_node'])} "
-          f"its inter-node bytes ({best_inter['planner']}), at compute imbalance "
-          f"{dcp_row['compute_imbalance']:.3f} (best baseline {best['compute_imbalance']:.3f}).")
-    if not args.no_execute:
-        return _execute_check()
-    return 0
-
-
-def _ratio(a, b) -> str:
-    return f"{a / b:.2f}x" if b else ("0 (equal)" if a == 0 else "more than the 0 of")
-
-
-def _execute_check() -> int:
-    try:
-        from dcp.execute.demo_run import run_small_batch
-    except ImportError:
-        print("\n(execution check skipped: dcp.execute is not installed)")
+    print_table(rows, columns=STAT_COLUMNS + ("sim_fwd_bwd_ms",), out=out)
+    print(f"(sim_fwd_bwd_ms: SIMULATED forward + backward attention time of one layer, cost-model profile "
+          f"'{config.cost_model.profile.name}' with assumed constants; every other column is exact)\n", file=out)
+    print("Verdict:", file=out)
+    for line in verdict(rows):
+        print(f"- {line}", file=out)
+    if not execute:
         return 0
-    started = time.perf_counter()
-    report = run_small_batch(world_size=4)
-    print(f"\nexecuted a dcp plan on 4 CPU processes (gloo) in {time.perf_counter() - started:.1f} s: {report}")
-    return 0
+    from dcp.execute.demo_run import SMALL_TOKENS, run_small_batch
+
+    with progress(f"execution check: planning and running a small batch ({SMALL_TOKENS:,}-token budget) on 4 CPU "
+                  f"processes"):
+        run = run_small_batch(world_size=4)
+    print(f"- executed check: {run.summary()}.", file=out)
+    print(f"  It ran a SMALL batch of {run.tokens:,} tokens, not the {spec.total_tokens:,}-token batch planned above: "
+          f"that plan is for {cluster.n_devices} GPUs, and attention of that many tokens on 4 CPU processes would "
+          f"take minutes per layer. The check shows that executing a dcp plan (transfers, tile kernels, merges, "
+          f"backward) gives dense attention's result.", file=out)
+    return 0 if run.ok else 1
+
+
+def verdict(rows: list[dict]) -> list[str]:
+    """Plain-words comparison of the planners' rows (``rows[0]`` is dcp's): who is fastest by simulated
+    time and by how much, and dcp's bytes against the baseline that moves the fewest."""
+    ours, others = rows[0], rows[1:]
+    if not others:
+        return [f"{ours['planner']} simulates {ours['sim_fwd_bwd_ms']:.2f} ms (no baseline to compare with)"]
+    fastest = min(rows, key=lambda r: r["sim_fwd_bwd_ms"])
+    best_base = min(others, key=lambda r: r["sim_fwd_bwd_ms"])
+    if fastest is ours:
+        speed = (f"fastest by simulated time: {ours['planner']}, {ours['sim_fwd_bwd_ms']:.2f} ms per layer, "
+                 f"{best_base['sim_fwd_bwd_ms'] / ours['sim_fwd_bwd_ms']:.2f}x faster than the fastest baseline "
+                 f"({best_base['planner']}, {best_base['sim_fwd_bwd_ms']:.2f} ms)")
+    else:
+        speed = (f"fastest by simulated time: {fastest['planner']}, {fastest['sim_fwd_bwd_ms']:.2f} ms per layer; "
+                 f"{ours['planner']} simulates {ours['sim_fwd_bwd_ms']:.2f} ms "
+                 f"({ours['sim_fwd_bwd_ms'] / fastest['sim_fwd_bwd_ms']:.2f}x slower)")
+    fewest = min(others, key=lambda r: r["comm_bytes_total"])
+    ratio = ours["comm_bytes_total"] / fewest["comm_bytes_total"] if fewest["comm_bytes_total"] else float("inf")
+    bytes_line = (f"bytes: {ours['planner']} moves {gigabytes(ours['comm_bytes_total'])} per layer (forward + "
+                  f"backward), {ratio:.2f}x the baseline that moves the fewest ({fewest['planner']}, "
+                  f"{gigabytes(fewest['comm_bytes_total'])}), {gigabytes(ours['comm_bytes_inter_node'])} of it between "
+                  f"nodes ({fewest['planner']}: {gigabytes(fewest['comm_bytes_inter_node'])}); compute imbalance "
+                  f"{ours['compute_imbalance']:.3f} ({fewest['planner']}: {fewest['compute_imbalance']:.3f})")
+    return [speed, bytes_line]
+
+
+__all__ = ["run_demo", "verdict"]

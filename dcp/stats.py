@@ -15,7 +15,8 @@ class PlanStats:
 
     ``max_device_comm_bytes``: the largest bytes sent plus received by one device;
     ``compute_imbalance``: max / mean of forward tile FLOPs per device (backward FLOPs are 2.5× per tile,
-    the same ratio); ``memory_imbalance``: max / mean resident (home) tokens per device.
+    the same ratio); ``memory_imbalance``: max / mean resident (home) tokens per device; ``warnings``:
+    what a user should know before running the plan (e.g. idle devices).
     """
 
     planner: str
@@ -33,6 +34,7 @@ class PlanStats:
     idle_devices: int
     rounds_forward: int
     valid: bool
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +83,13 @@ def plan_stats(plan: Plan) -> PlanStats:
             valid = True
         except PlanValidationError:
             valid = False
+    idle = int(((flops == 0) & (tokens == 0)).sum())
+    notes = []
+    if idle:
+        notes.append(f"{idle} of {n} devices are idle (no token and no tile): the batch holds only "
+                     f"{plan.layout.n_token_blocks} token blocks (at most {int(plan.layout.tb_len.max())} tokens "
+                     f"each) for {n} devices, so the busy ones carry {flops.max() / flops.mean():.1f}x the mean "
+                     f"compute; use smaller blocks (block_size), fewer devices, or a bigger batch")
     return PlanStats(
         planner=plan.planner, n_devices=n, n_tiles=plan.tiles.n_tiles, n_token_blocks=plan.layout.n_token_blocks,
         planning_time_s=float(plan.planning_time_s), comm_bytes_total=totals["forward"] + totals["backward"],
@@ -88,4 +97,4 @@ def plan_stats(plan: Plan) -> PlanStats:
         max_device_comm_bytes=int(per_dev.max()) if n else 0,
         compute_imbalance=float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0,
         memory_imbalance=float(tokens.max() / tokens.mean()) if tokens.sum() > 0 else 1.0,
-        idle_devices=int(((flops == 0) & (tokens == 0)).sum()), rounds_forward=rounds_fwd, valid=bool(valid))
+        idle_devices=idle, rounds_forward=rounds_fwd, valid=bool(valid), warnings=tuple(notes))

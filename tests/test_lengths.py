@@ -269,6 +269,8 @@ def test_parse_lengths_arg():
 @pytest.mark.parametrize("text,needle", [
     ("", "no sequence lengths"), (" , ", "no sequence lengths"), ("8192,abc", "entry 1"),
     ("8192,0", "entry 1"), ("-5", "entry 0"), ("1.5,2", "entry 0"), ("99999999999999999999", "int64"),
+    ("4096,,5", "entry 1 is empty"), ("4096,", "entry 1 is empty"), (",4096", "entry 0 is empty"),
+    ("1 2,3", "entry 0"),
 ])
 def test_parse_lengths_arg_errors(text, needle):
     with pytest.raises(InvalidBatchError) as info:

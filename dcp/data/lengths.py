@@ -407,15 +407,21 @@ def _parse_token(token: str, where: str) -> int:
 
 
 def parse_lengths_arg(text: str) -> np.ndarray:
-    """Lengths from a CLI flag such as ``"8192,4096,1000"`` (commas and/or whitespace separate them).
+    """Lengths from a CLI flag such as ``"8192,4096,1000"`` (or separated by whitespace only).
 
-    Returns an int64 array; raises ``InvalidBatchError`` naming the offending entry and its position.
+    With commas, every comma separates exactly two entries: an empty entry (``"4096,,5"``, a trailing
+    comma) is an error, not skipped. Returns an int64 array; raises ``InvalidBatchError`` naming the
+    offending entry and its position.
     """
     if not isinstance(text, str):
         raise InvalidBatchError(f"lengths must be given as a string, got {text!r}")
-    tokens = [t for t in _SPLIT.split(text.strip()) if t]
-    if not tokens:
+    if not text.strip(" ,\t\n"):
         raise InvalidBatchError(f"no sequence lengths in {text!r}")
+    tokens = [t.strip() for t in text.split(",")] if "," in text else text.split()
+    for i, t in enumerate(tokens):
+        if not t:
+            raise InvalidBatchError(f"lengths {text!r}, entry {i} is empty (two commas in a row, or a comma at "
+                                    f"an end)")
     return np.array([_parse_token(t, f"lengths {text!r}, entry {i}") for i, t in enumerate(tokens)],
                     dtype=np.int64)
 
