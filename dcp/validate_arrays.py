@@ -158,54 +158,81 @@ def _check_tiles(plan: Plan, pb) -> None:
             pb.add(f"tile {t} has {name} {float(got[t])!r}; its unmasked area gives {float(exp[t])!r}")
 
 
+def _int_rows(rows: list, width: int, flat: bool = False) -> np.ndarray | None:
+    """``rows`` (tuples of ``width`` fields, or all fields in one flat list) as an int64 ``[n, width]``
+    array, or None if a field is not an integer."""
+    if not rows:
+        return np.zeros((0, width), dtype=np.int64)
+    try:
+        arr = np.asarray(rows)
+    except (TypeError, ValueError):
+        return None
+    if arr.dtype.kind not in "iu" or arr.shape != ((len(rows),) if flat else (len(rows), width)):
+        return None
+    return arr.astype(np.int64, copy=False).reshape(-1, width)
+
+
 def check_instructions(plan: Plan, direction: str, pb) -> None:
     """Every instruction's fields in range and of the right kind (so the simulation can index with them);
-    the forward program runs each tile in its ``tile_stage``."""
+    the forward program runs each tile in its ``tile_stage``. Fields are gathered per kind of field and
+    checked with numpy (a plan has thousands of transfers)."""
     n_dev, n_tb, nhb, n_t = plan.n_devices, plan.layout.n_token_blocks, plan.layout.n_head_blocks, plan.tiles.n_tiles
-    kinds = (*INPUT_KINDS[direction], *OUTPUT_KINDS[direction])
-
-    def unit_ok(unit, allowed) -> bool:
-        kind, tb, hb = unit
-        return kind in allowed and _is_int(tb) and 0 <= tb < n_tb and _is_int(hb) and 0 <= hb < nhb
-
-    def peer_ok(peer, d) -> bool:
-        return _is_int(peer) and 0 <= peer < n_dev and peer != d
-
-    stage_of = np.full(n_t, -1, dtype=np.int64)
+    # units: flat (device, kind, tb, hb, peer, role) ints; no tuple per transfer (10^5 of them kept alive
+    # would set off the cyclic garbage collector over the whole plan again and again)
+    units, rounds, stages, tiles, tile_stage = [], [], [], [], []
+    outputs = {int(k) for k in OUTPUT_KINDS[direction]}
     for d, p in enumerate(plan.program(direction)):
         where = f"{direction} device {d}"
         for i, ins in enumerate(p.instructions):
             try:
                 if isinstance(ins, CommLaunch):
-                    if not _is_int(ins.round) or ins.round < 1:
-                        pb.add(f"{where} instruction {i}: launch round {ins.round!r} is not an int >= 1")
-                    for side, transfers in (("send", ins.sends), ("receive", ins.recvs)):
-                        for unit, peer in transfers:
-                            if not unit_ok(unit, kinds) or not peer_ok(peer, d):
-                                pb.add(f"{where} round {ins.round}: {side} of unit {tuple(unit)} with device {peer!r} "
-                                       f"names a unit kind, token block, head block or peer out of range")
+                    rounds.append((ins.round, 1))
+                    for role, transfers in ((0, ins.sends), (1, ins.recvs)):
+                        for u, peer in transfers:
+                            units += (d, u[0], u[1], u[2], peer, role)
                 elif isinstance(ins, CommWait):
-                    if not _is_int(ins.round):
-                        pb.add(f"{where} instruction {i}: wait round {ins.round!r} is not an int")
+                    rounds.append((ins.round, 1))
                 elif isinstance(ins, Compute):
+                    stages.append((ins.stage, 0))
                     t = np.asarray(ins.tiles)
-                    if not _is_int(ins.stage) or ins.stage < 0 or t.ndim != 1 or (t.size and (
-                            t.dtype.kind not in "iu" or t.min() < 0 or t.max() >= n_t)):
-                        pb.add(f"{where} instruction {i}: compute stage {ins.stage!r} of tiles {list(ins.tiles)[:6]}.. "
-                               f"names a negative stage or a tile outside 0..{n_t - 1}")
-                    elif direction == "forward" and t.size:
-                        stage_of[t] = ins.stage
+                    if t.ndim != 1 or (t.size and t.dtype.kind not in "iu"):
+                        pb.add(f"{where} instruction {i}: compute tiles {list(ins.tiles)[:6]} are not tile ids")
+                        continue
+                    tiles.append(t.astype(np.int64))
+                    tile_stage.append(np.full(t.size, ins.stage if _is_int(ins.stage) else -1, dtype=np.int64))
                 elif isinstance(ins, Reduce):
-                    if not unit_ok(ins.unit, OUTPUT_KINDS[direction]) or not all(peer_ok(s, d) for s in ins.sources):
-                        pb.add(f"{where} instruction {i}: reduce of {tuple(ins.unit)} from {list(ins.sources)} names a "
-                               f"unit kind, token block, head block or source out of range")
+                    kind, tb, hb = ins.unit
+                    if int(kind) not in outputs if _is_int(kind) else True:
+                        pb.add(f"{where} instruction {i}: reduces {tuple(ins.unit)}, not an output of the {direction}")
+                    for src in ins.sources:
+                        units += (d, kind, tb, hb, src, 2)
                 else:
                     pb.add(f"{where} instruction {i}: {type(ins).__name__} is not an instruction")
             except (TypeError, ValueError, AttributeError) as err:
                 pb.add(f"{where} instruction {i} is malformed ({type(err).__name__}: {err})")
-    if direction == "forward" and not pb.items:
-        run = stage_of >= 0
-        bad = run & (stage_of != plan.tile_stage)
+    for name, rows in (("round", rounds), ("stage", stages)):
+        arr = _int_rows(rows, 2)
+        if arr is None or (arr[:, 0] < arr[:, 1]).any():
+            pb.add(f"{direction}: a {name} number is not an int >= {1 if name == 'round' else 0}")
+    arr = _int_rows(units, 6, flat=True)
+    if arr is None:
+        pb.add(f"{direction}: a transfer or merge names a non-integer unit or device")
+    elif arr.size:
+        d, kind, tb, hb, peer, role = arr.T
+        ok_kind = np.isin(kind, [int(k) for k in (*INPUT_KINDS[direction], *OUTPUT_KINDS[direction])])
+        bad = ~ok_kind | (tb < 0) | (tb >= n_tb) | (hb < 0) | (hb >= nhb) | (peer < 0) | (peer >= n_dev) | (peer == d)
         if bad.any():
-            t = _first(bad)
-            pb.add(f"forward: tile {t} runs in stage {int(stage_of[t])}, tile_stage says {int(plan.tile_stage[t])}")
+            dev, kd, b, h, other, what = (int(x) for x in arr[_first(bad)])
+            pb.add(f"{direction} device {dev}: {('send', 'receive', 'reduce')[what]} of unit (kind "
+                   f"{kd}, token block {b}, head block {h}) {'from' if what else 'to'} device {other}: a unit kind, "
+                   f"token block, head block or device out of range")
+    if tiles:
+        t, st = np.concatenate(tiles), np.concatenate(tile_stage)
+        if t.size and (t.min() < 0 or t.max() >= n_t):
+            pb.add(f"{direction}: a compute names tile {int(t[(t < 0) | (t >= n_t)][0])}, outside 0..{n_t - 1}")
+        elif direction == "forward" and t.size:
+            bad = st != plan.tile_stage[t]
+            if bad.any():
+                k = _first(bad)
+                pb.add(f"forward: tile {int(t[k])} runs in stage {int(st[k])}, tile_stage says "
+                       f"{int(plan.tile_stage[t[k]])}")
