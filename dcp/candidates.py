@@ -43,6 +43,7 @@ class Candidate:
     notes: tuple[str, ...] = ()
     forward_ends: np.ndarray | None = None
     backward_ends: np.ndarray | None = None
+    max_tokens: int = 0
 
     @property
     def time_s(self) -> float:
@@ -52,7 +53,11 @@ class Candidate:
     def summary(self) -> dict:
         return {"forward_ms": round(self.forward_s * 1e3, 4), "backward_ms": round(self.backward_s * 1e3, 4),
                 "comm_bytes": int(self.comm_bytes), "compute_imbalance": round(self.compute_imbalance, 4),
-                "stages": list(self.stages)}
+                "max_tokens": int(self.max_tokens), "stages": list(self.stages)}
+
+    def step_s(self, token_time_s: float) -> float:
+        """Estimated attention time plus the non-attention work of the device with the most tokens."""
+        return self.time_s + token_time_s * self.max_tokens
 
 
 def tile_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, direction: str) -> np.ndarray:
@@ -64,10 +69,15 @@ def tile_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, direction: 
 
 
 def sequence_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, n_seqs: int) -> np.ndarray:
-    """Modelled forward compute seconds of every sequence run whole in one fused call (no launch cost)."""
+    """Modelled forward + backward attention seconds of every sequence run whole, each direction in one
+    fused call (no launch cost)."""
     seq = layout.tb_seq[tiles.q_tb].astype(np.int64)
-    t = cost.fused_calls_s(tiles.fwd_flops, tiles.full, tiles.q_tb, tiles.kv_tb, tiles.hb, layout.tb_len, seq, n_seqs)
-    return np.maximum(t - cost.profile.kernel_overhead_us * 1e-6, 0.0)
+    total = np.zeros(n_seqs)
+    for flops, backward in ((tiles.fwd_flops, False), (tiles.bwd_flops, True)):
+        t = cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, tiles.hb, layout.tb_len, seq, n_seqs,
+                               backward=backward)
+        total += np.maximum(t - cost.profile.kernel_overhead_us * 1e-6, 0.0)
+    return total
 
 
 def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int:
@@ -104,8 +114,9 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
     imbalance = float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0
     fwd, bwd = best["forward"], best["backward"]
     comm = schedule_bytes(spec, layout, fwd[2]) + schedule_bytes(spec, layout, bwd[2])
+    tokens = np.bincount(home, weights=layout.tb_len, minlength=cluster.n_devices)
     return Candidate(label, layout, tiles, home, tile_device, fwd[2], bwd[2], fwd[0], bwd[0], comm, imbalance,
-                     (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3])
+                     (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3], int(tokens.max()))
 
 
 def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:

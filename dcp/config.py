@@ -34,10 +34,12 @@ def _numbers(name: str, values, low: float, high: float, integer: bool = False) 
 class SearchConfig:
     """How the planner chooses its balance/communication trade-off per batch.
 
-    The planner builds candidate placements — packings (``dcp.pack``: whole sequences where they fit,
-    zigzag splits where they must, at each compute tolerance of ``pack_epsilons``) and, with
-    ``hypergraph``, the two-level hypergraph partition at ``PlannerConfig.epsilon_inter/intra`` —
-    schedules each direction of each at every stage count of ``stage_counts``, and keeps one:
+    The planner builds candidate placements: packings (``dcp.pack``: whole sequences where they fit,
+    zigzag splits where they must, at each compute tolerance of ``pack_epsilons``); with
+    ``aligned_groups`` (time objective) also a packing on aligned power-of-two device groups, the shape of
+    Megatron-Core's dynamic CP (``dcp.pack.pack_aligned``); with ``hypergraph`` the two-level hypergraph
+    partition at ``PlannerConfig.epsilon_inter/intra``. It schedules each direction of each at every
+    stage count of ``stage_counts`` and keeps one:
 
     - ``objective="time"`` (default): the candidate with the least estimated forward + backward
       makespan under ``PlannerConfig.cost_model`` (``dcp.sim.estimate``);
@@ -48,6 +50,10 @@ class SearchConfig:
     the device estimated to finish last while the estimate drops), with at most ``refine_evaluations``
     re-schedules (0: no refinement).
 
+    ``token_time_s``: seconds of non-attention work (forward + backward) per home token per layer; the
+    time objective then adds ``token_time_s × (most tokens on one device)``, because the linear layers of
+    a training step run on each device's home tokens (0: score attention alone).
+
     ``max_compute_imbalance`` (optional): candidates whose device compute imbalance (max / mean tile
     FLOPs) exceeds it are not considered (when every candidate does, the most balanced one is kept).
     """
@@ -56,8 +62,10 @@ class SearchConfig:
     pack_epsilons: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4)
     stage_counts: tuple[int, ...] = (1, 2, 4, 8)
     hypergraph: bool = True
+    aligned_groups: bool = True
     max_compute_imbalance: float | None = None
     refine_evaluations: int = 12
+    token_time_s: float = 0.0
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -65,10 +73,14 @@ class SearchConfig:
         eps = self.pack_epsilons
         object.__setattr__(self, "pack_epsilons", () if eps in ((), []) else _numbers("pack_epsilons", eps, 0, 10))
         object.__setattr__(self, "stage_counts", _numbers("stage_counts", self.stage_counts, 1, 64, integer=True))
-        if not isinstance(self.hypergraph, bool):
-            raise InvalidConfigError(f"hypergraph must be True or False, got {self.hypergraph!r}")
+        for name in ("hypergraph", "aligned_groups"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not self.hypergraph and not self.pack_epsilons:
             raise InvalidConfigError("the search needs candidates: give pack_epsilons or hypergraph=True")
+        tt = self.token_time_s
+        if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
+            raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")
         r = self.refine_evaluations
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
             raise InvalidConfigError(f"refine_evaluations must be an int >= 0, got {r!r}")

@@ -57,24 +57,43 @@ def sequence_areas(spec: BatchSpec) -> np.ndarray:
 
 
 def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None, epsilon: float,
-         epsilon_memory: float, weights: np.ndarray | None = None, half_extent: float = 0.0) -> Packing:
+         epsilon_memory: float, weights: np.ndarray | None = None, half_extent: float = 0.0,
+         token_share: np.ndarray | None = None) -> Packing:
     """The packing placement of the module docstring. ``weights``: the work of every sequence (default
     its mask's area; the planner gives its modelled compute time, in which short sequences weigh more
     than their FLOPs because small kernels run below peak). ``half_extent``: the query extent at which
     kernels run at half speed (the cost profile's ``half_rows``): a member holding a share of a split
-    sequence runs its part on fewer query rows than the whole, so its load counts that slow-down."""
-    n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
+    sequence runs its part on fewer query rows than the whole, so its load counts that slow-down.
+    ``token_share[s]``: the part of sequence s's weight that scales with its tokens rather than with its
+    mask's work (the non-attention layers); a split follows that mix."""
+    n_dev = cluster.n_devices
     seq_w = sequence_areas(spec) if weights is None else np.asarray(weights, float)
     seq_t = np.asarray(spec.seqlens, float)
-    cap_w = (1 + epsilon) * seq_w.sum() / n_dev
     cap_t = (1 + epsilon_memory) * seq_t.sum() / n_dev
+    # split members run slower than the whole would, so the work to spread exceeds the sum of the
+    # weights: a first pass measures it, a second balances against it
+    total = seq_w.sum()
+    for _ in range(2):
+        groups, shares, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev, cap_t,
+                                              half_extent)
+        if load.sum() <= total * (1 + 1e-6):
+            break
+        total = load.sum()
+    return _packing(spec, groups, shares, block_size, head_block_size, token_share)
+
+
+def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluster: Cluster, cap_w: float,
+                   cap_t: float, half_extent: float):
+    """(group, shares) of every sequence and the device loads, greedily (module docstring, step 1)."""
+    n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
     load, tokens = np.zeros(n_dev), np.zeros(n_dev)
     groups: list[tuple[int, ...]] = [()] * spec.num_seqs
     shares: list[np.ndarray] = [np.ones(1)] * spec.num_seqs
     for s in np.lexsort((np.arange(spec.num_seqs), -seq_t, -seq_w)).tolist():
         w, t = float(seq_w[s]), float(seq_t[s])
         room = (load + w <= cap_w * (1 + 1e-9)) & (tokens + t <= cap_t * (1 + 1e-9))
-        if room.any() or spec.seqlens[s] <= MIN_SPLIT_BLOCK:
+        small = (w <= cap_w * (1 + 1e-9) and t <= cap_t * (1 + 1e-9)) or spec.seqlens[s] <= MIN_SPLIT_BLOCK
+        if room.any() or small:  # whole; when the caps are used up, on the least loaded device anyway
             cand = np.flatnonzero(room) if room.any() else np.arange(n_dev)
             d = int(cand[np.lexsort((cand, tokens[cand], load[cand]))[0]])
             groups[s] = (d,)
@@ -82,13 +101,62 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
             tokens[d] += t
             continue
         n = float(spec.seqlens[s])
-        slow = lambda share: (n / (n + half_extent)) / (share * n / (share * n + half_extent))  # noqa: E731
-        members = _group(load, cap_w, w * slow(cap_w / w), gpn)
-        free = np.maximum(cap_w - load[members], 0.0)
-        share = free / free.sum() if free.sum() > 0 else np.full(members.size, 1.0 / members.size)
+
+        def slow(share):  # how much slower a member runs its part than the whole would run (query extent)
+            part = np.maximum(share, 1e-9) * n
+            return (n / (n + half_extent)) / (part / (part + half_extent))
+
+        # the fraction of the sequence each device can take, in work (its split part runs slower) and tokens
+        room = np.minimum((cap_w - load) / (w * slow(min(1.0, cap_w / w))), (cap_t - tokens) / t)
+        members = _group(room, gpn)
+        if members.size:
+            share = room[members] / room[members].sum()
+        else:  # not enough room left: water-fill, the least loaded devices up to one common level
+            need = w * slow(min(1.0, cap_w / w))
+            level = _water_level(load, need)
+            members = np.flatnonzero(load < level - 1e-12 * max(level, 1.0))
+            if members.size < 2:
+                members = np.sort(np.lexsort((np.arange(n_dev), load))[:2])
+            share = np.maximum(level - load[members], 1e-12)
+            share = share / share.sum()
         groups[s], shares[s] = tuple(members.tolist()), share
         load[members] += share * w * slow(share)
         tokens[members] += share * t
+    return groups, shares, load
+
+
+def pack_aligned(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None,
+                 weights: np.ndarray | None = None, token_share: np.ndarray | None = None) -> Packing:
+    """A packing on aligned power-of-two device groups, the shape Megatron-Core's dynamic CP forms: a
+    sequence of L tokens gets the next power of two of L / (mean tokens per device) devices (at most the
+    largest power of two that fits the cluster), at offsets that are multiples of that size; sequences go
+    longest first to the group whose busiest device carries the least work, preferring groups with token
+    room. Inside a group the sequence is split like every packing (work-balanced zigzag, equal shares)
+    and scheduled by dcp — a strong static shape as one of the planner's candidates, not a fallback to
+    the static plan."""
+    n_dev = cluster.n_devices
+    seq_w = sequence_areas(spec) if weights is None else np.asarray(weights, float)
+    lens = np.asarray(spec.seqlens, dtype=np.int64)
+    per_dev = -(-int(lens.sum()) // n_dev)
+    top = 1 << (n_dev.bit_length() - 1)
+    load, tokens = np.zeros(n_dev), np.zeros(n_dev)
+    groups: list[tuple[int, ...]] = [()] * spec.num_seqs
+    shares: list[np.ndarray] = [np.ones(1)] * spec.num_seqs
+    for s in np.lexsort((np.arange(spec.num_seqs), -seq_w, -lens)).tolist():
+        need = -(-int(lens[s]) // per_dev)
+        cp = min(1 << max(need - 1, 0).bit_length(), top)
+        idx = (np.arange(n_dev // cp) * cp)[:, None] + np.arange(cp)[None, :]
+        fits = tokens[idx].max(axis=1) + lens[s] / cp <= per_dev
+        best = int(np.lexsort((np.arange(idx.shape[0]), tokens[idx].max(axis=1), load[idx].max(axis=1), ~fits))[0])
+        groups[s], shares[s] = tuple(idx[best].tolist()), np.full(cp, 1.0 / cp)
+        load[idx[best]] += seq_w[s] / cp
+        tokens[idx[best]] += lens[s] / cp
+    return _packing(spec, groups, shares, block_size, head_block_size, token_share)
+
+
+def _packing(spec: BatchSpec, groups, shares, block_size: int, head_block_size: int | None,
+             token_share: np.ndarray | None) -> Packing:
+    """Layout and homes of a packing from each sequence's device group and the members' shares."""
     bounds, homes = [], []
     for s, n in enumerate(spec.seqlens):
         if len(groups[s]) == 1:
@@ -96,15 +164,16 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
             bounds.append(cuts)
             homes.append(np.full(cuts.size - 1, groups[s][0], dtype=np.int64))
         else:
-            cuts, owner = zigzag_cuts(spec.kv_ranges(s), np.asarray(groups[s]), shares[s], block_size)
+            tau = 0.0 if token_share is None else float(token_share[s])
+            cuts, owner = zigzag_cuts(spec.kv_ranges(s), np.asarray(groups[s]), shares[s], block_size, tau)
             bounds.append(cuts)
             homes.append(owner)
     layout = make_layout(spec, bounds, head_block_size)
     return Packing(layout, enumerate_tiles(spec, layout), np.concatenate(homes), tuple(groups))
 
 
-def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray,
-                block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, block_size: int,
+                token_share: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Block boundaries ``[0, ..., L]`` of one split sequence and the member owning each block.
 
     Member m (in node-major order) owns the m-th *pair* of strips counted from both ends,
@@ -112,10 +181,12 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray,
     — and each node, whose members' strips are adjacent — holds early and late tokens. The cut points
     ``x`` are placed on the exact per-token work of the mask so that every pair's work is its member's
     share (for causal masks a pair's work is proportional to its length, so tokens follow the shares
-    too). Strips longer than ``block_size`` are cut into blocks of at most ``block_size`` tokens."""
+    too). With ``token_share`` > 0 that fraction of the work is spread evenly over the tokens instead.
+    Strips longer than ``block_size`` are cut into blocks of at most ``block_size`` tokens."""
     seqlen = ranges_tr2.shape[0]
-    work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1)
-    cum = np.concatenate([[0], np.cumsum(work)])
+    work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
+    work = (1 - token_share) * work / max(work.sum(), 1e-300) + token_share / seqlen
+    cum = np.concatenate([[0.0], np.cumsum(work)])
     total = float(cum[-1])
     half = seqlen // 2
     x = np.arange(half + 1)
@@ -139,25 +210,37 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray,
     return np.asarray(cuts, dtype=np.int64), np.asarray(owner, dtype=np.int64)
 
 
-def _group(load: np.ndarray, cap_w: float, w: float, gpn: int) -> np.ndarray:
-    """Devices a sequence of work ``w`` is split over: the fewest with enough free capacity, inside the
-    node with the most room if it suffices, else over the nodes with the most room."""
-    free = np.maximum(cap_w - load, 0.0)
-    node_free = free.reshape(-1, gpn).sum(axis=1)
+def _water_level(load: np.ndarray, amount: float) -> float:
+    """The level λ with ``sum(max(0, λ - load)) == amount``: pouring ``amount`` of work onto the least
+    loaded devices raises them all to λ."""
+    lv = np.sort(load)
+    filled = np.cumsum(lv)
+    for k in range(1, lv.size + 1):
+        level = (amount + filled[k - 1]) / k
+        if k == lv.size or level <= lv[k]:
+            return float(level)
+    return float(lv[-1])
+
+
+def _group(room: np.ndarray, gpn: int) -> np.ndarray:
+    """Devices a sequence is split over, given ``room[d]``: the fraction of the sequence device d can
+    still take (in work and in tokens). The fewest devices whose room adds up to the whole, inside the
+    node with the most room if it suffices, else over the nodes with the most room; empty when all the
+    room in the cluster does not add up to the whole."""
+    room = np.maximum(room, 0.0)
+    if room.sum() < 1 - 1e-9:
+        return np.zeros(0, dtype=np.int64)
+    node_room = room.reshape(-1, gpn).sum(axis=1)
     chosen: list[int] = []
-    need = w
-    for nd in np.lexsort((np.arange(node_free.size), -node_free)).tolist():
+    need = 1.0
+    for nd in np.lexsort((np.arange(node_room.size), -node_room)).tolist():
         devs = nd * gpn + np.arange(gpn)
-        devs = devs[np.lexsort((devs, -free[devs]))]
-        devs = devs[free[devs] > 0]
-        if node_free[nd] >= need * (1 - 1e-9):  # this node finishes it: its fewest devices that suffice
-            take = int(np.searchsorted(np.cumsum(free[devs]), need * (1 - 1e-9))) + 1
+        devs = devs[np.lexsort((devs, -room[devs]))]
+        devs = devs[room[devs] > 0]
+        if node_room[nd] >= need * (1 - 1e-9):  # this node finishes it: its fewest devices that suffice
+            take = int(np.searchsorted(np.cumsum(room[devs]), need * (1 - 1e-9))) + 1
             chosen += devs[:take].tolist()
-            need = 0.0
             break
         chosen += devs.tolist()
-        need -= node_free[nd]
-    if need > 0 or len(chosen) < 2:  # not enough room anywhere: the least-loaded devices
-        k = max(2, int(np.ceil(w / max(cap_w, 1e-300))))
-        chosen = np.lexsort((np.arange(load.size), load))[:k].tolist()
+        need -= node_room[nd]
     return np.asarray(sorted(chosen), dtype=np.int64)

@@ -21,7 +21,7 @@ from dcp.candidates import Candidate, evaluate, same_placement, sequence_times
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import InvalidBatchError, InvalidClusterError, InvalidConfigError, PartitionerError, TooFewBlocksError
-from dcp.pack import pack
+from dcp.pack import pack, pack_aligned
 from dcp.partition import GreedyPartitioner
 from dcp.plan import Plan
 from dcp.refine import refine_packing
@@ -129,7 +129,7 @@ class DCPPlanner(Planner):
         tokens = np.bincount(best.home, weights=best.layout.tb_len, minlength=cluster.n_devices)
         cap = max(float(tokens.max()), (1 + cfg.epsilon_memory) * spec.total_tokens / cluster.n_devices)
         refined = refine_packing(best, groups, weights, spec, cluster, cfg.cost_model, cfg.two_phase, cap,
-                                 cfg.search.refine_evaluations)
+                                 cfg.search.refine_evaluations, token_time_s=cfg.search.token_time_s)
         if refined is best:
             return best
         refined = dataclasses.replace(refined, label=best.label + "+refined")
@@ -145,16 +145,30 @@ class DCPPlanner(Planner):
             epsilons = tuple(e for e in epsilons if 1 + e <= cfg.compute_tolerance * (1 + 1e-9))
         out: list[Candidate] = []
         groups: dict = {}
-        weights = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) if epsilons else None
+        token_s = search.token_time_s if search.objective == "time" else 0.0
+        weights = token_part = None
+        if epsilons:  # a sequence's attention, plus its tokens' non-attention work when the search counts it
+            token_work = token_s * np.asarray(spec.seqlens, dtype=float)
+            weights = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) + token_work
+            token_part = token_work / np.maximum(weights, 1e-300)
         for eps in epsilons:
-            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, cfg.epsilon_memory + eps, weights,
-                      cfg.cost_model.profile.half_rows)
+            # memory may follow the compute tolerance, unless the tokens' own work is scored: then the
+            # tolerance tightens memory too (the linear layers wait for the device with the most tokens)
+            mem_eps = min(eps, cfg.epsilon_memory) if token_s > 0 else cfg.epsilon_memory + eps
+            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, mem_eps, weights,
+                      cfg.cost_model.profile.half_rows, token_part)
             if any(same_placement(c, pk.layout, pk.home) for c in out):
                 continue
             label = f"pack(eps={eps:g})"
             out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
                                 cfg.cost_model, self._stage_counts(), cfg.two_phase))
             groups[label] = (pk.groups, weights)
+        if search.aligned_groups and search.objective == "time":
+            pk = pack_aligned(spec, cluster, cfg.block_size, cfg.head_block_size, weights, token_part)
+            if not any(same_placement(c, pk.layout, pk.home) for c in out):
+                out.append(evaluate("pack(aligned)", spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
+                                    cfg.cost_model, self._stage_counts(), cfg.two_phase))
+                groups["pack(aligned)"] = (pk.groups, weights)
         return out, groups
 
     def _hypergraph(self, spec, cluster, layout, tiles, pending, notes: list[str], others: bool) -> Candidate:
@@ -193,7 +207,7 @@ def choose(cands: list[Candidate], cfg: PlannerConfig) -> Candidate:
         return min(cands, key=lambda c: c.compute_imbalance)
     if search.objective == "bytes":
         return min(fits, key=lambda c: c.comm_bytes)
-    return min(fits, key=lambda c: c.time_s)
+    return min(fits, key=lambda c: c.step_s(search.token_time_s))
 
 
 def plan(spec: BatchSpec, cluster: Cluster, config: PlannerConfig | None = None) -> Plan:

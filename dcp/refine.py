@@ -5,7 +5,8 @@ fused calls and on the transfers it waits for, which only the schedule reveals. 
 takes the schedule's per-device estimated finish times (forward + backward), and tries to move a whole
 (unsplit) sequence from the device that finishes last to one that finishes early: the sequence whose
 modelled time is nearest half the gap first, to the earliest devices first, within the memory cap.
-A move is kept only if the re-scheduled plan's estimated forward + backward time drops. The number of
+A move is kept only if the re-scheduled plan's estimated forward + backward time (plus the
+non-attention work of the device with the most tokens, when the search counts it) drops. The number of
 re-evaluations is bounded (not the wall time), so the result is deterministic.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dcp.spec import BatchSpec
 
 def refine_packing(cand: Candidate, groups: tuple[tuple[int, ...], ...], seq_weight: np.ndarray, spec: BatchSpec,
                    cluster: Cluster, cost: CostModel, two_phase: bool, token_cap: float,
-                   max_evaluations: int = 12, tries_per_step: int = 3) -> Candidate:
+                   max_evaluations: int = 12, tries_per_step: int = 3, token_time_s: float = 0.0) -> Candidate:
     """The refined candidate (``cand`` itself when no move helps). ``groups``: the packing's device
     group per sequence; ``seq_weight``: modelled work per sequence; ``token_cap``: most tokens a device
     may hold after a move (a move never raises the largest device's tokens beyond it)."""
@@ -52,7 +53,7 @@ def refine_packing(cand: Candidate, groups: tuple[tuple[int, ...], ...], seq_wei
                 trial = evaluate(best.label, spec, cluster, lay, best.tiles, home, home[best.tiles.q_tb], cost, (),
                                  two_phase, best.notes, per_direction=best.stages)
                 evaluations += 1
-                if trial.time_s < best.time_s * (1 - 1e-9):
+                if trial.step_s(token_time_s) < best.step_s(token_time_s) * (1 - 1e-9):
                     best, improved = trial, True
                     break
                 if evaluations >= max_evaluations:
