@@ -206,7 +206,7 @@ constexpr int64_t slot(int64_t n) {
   return round_up(n, static_cast<int64_t>(64 / sizeof(T)));
 }
 
-#include "kernels_mask.h"  // block_mask, mask_rows, zero_masked, the non-finite side path
+#include "kernels_mask.h"  // block_mask, apply_mask, the non-finite side path
 
 // P^T = exp(S^T - lse) in place for rows [j0, j1) (lse per column, +inf for dead columns).
 template <typename T>
@@ -305,7 +305,7 @@ void forward_worker(const FwdParams& p, const QItem* items, int64_t n_items, std
         pack_rows(k + key0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, bk, D, T(1), kb, Dp, bkp);
         pack_rows(v + key0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, bk, D, T(1), vb, Dp, bk);
         gemm<T, false, false>(bkp, BQ, D, kb, Dp, qt, BQ, st, BQ);  // S^T [bkp][BQ]
-        if (mk == kPartial) mask_rows(st, bias, 0, bk);
+        if (mk == kPartial) apply_mask<false>(st, bias, 0, bk);
 
         // online softmax over the columns of S^T
         V mb[NV], mu[NV], ls[NV];
@@ -404,13 +404,13 @@ void backward_dq_worker(const BwdParams& p, const QItem* items, int64_t n_items,
         pack_rows(k + key0 * p.k.stride_t + hk * p.k.stride_h, p.k.stride_t, bk, D, T(1), kb, Dp, bkp);
         pack_rows(v + key0 * p.v.stride_t + hk * p.v.stride_h, p.v.stride_t, bk, D, T(1), vb, Dp, bkp);
         gemm<T, false, false>(bkp, BQ, D, kb, Dp, qt, BQ, st, BQ);
-        if (mk == kPartial) mask_rows(st, bias, 0, bk);
+        if (mk == kPartial) apply_mask<false>(st, bias, 0, bk);
         exp_minus_lse(st, lse, 0, bk);
         gemm<T, false, false>(bkp, BQ, D, vb, Dp, dot, BQ, dpt, BQ);  // dP^T = V dO^T
         ds_from_p(st, dpt, delta, 0, bk);
         int64_t nbad = 0;
         if (mk == kPartial) {
-          zero_masked(dpt, bias, 0, bk);
+          apply_mask<true>(dpt, bias, 0, bk);
           nbad = take_nonfinite_rows(kb, Dp, bk, D, saved, bad);
         }
         gemm<T, true, true>(BQ, Dp, bk, dpt, BQ, kb, Dp, dq, Dp);  // dQ += dS K

@@ -5,9 +5,9 @@
 // Attention defines row i's output from q_i and the keys/values it attends, nothing else. A blocked GEMM
 // over a partial block gives masked (or padded, or other tiles') pairs weight 0, and 0 * NaN = NaN: one
 // non-finite value in a key, value, query or dO row would reach rows or keys that never meet it. So
-// masking overwrites scores (mask_rows; never adds -inf to a NaN), weights of masked pairs are zeroed
-// after the row statistics (zero_masked; a NaN lse must not leak through exp(-inf - NaN)), and before a
-// GEMM with masked weights the operand rows holding a non-finite value are moved aside
+// masking overwrites scores (apply_mask<false>; never adds -inf to a NaN), weights of masked pairs are
+// zeroed after the row statistics (apply_mask<true>; a NaN lse must not leak through exp(-inf - NaN)),
+// and before a GEMM with masked weights the operand rows holding a non-finite value are moved aside
 // (take_nonfinite_rows) and added back through allowed pairs only (add_saved_keys / add_saved_rows).
 // Finite inputs only pay the scan of each packed operand (O(1/BQ) of the GEMM).
 #ifndef DCP_ISA_NS
@@ -54,26 +54,16 @@ int block_mask(const TileTableView& tt, int64_t tile, int64_t srow0, int64_t nq,
   return kPartial;
 }
 
-// x[j][i] = -inf where the block's bias is -inf (masked), rows [j0, j1) of an S^T block. Overwriting, not
-// adding: a masked pair's NaN score (a NaN key times any query) must not survive the mask.
-template <typename T>
-void mask_rows(T* x, const T* bias, int64_t j0, int64_t j1) {
+// Rows [j0, j1) of an S^T block where the bias is -inf (masked): x = -inf for scores (kZero false;
+// overwriting, not adding, so that a masked pair's NaN score does not survive the mask), or x = 0 for
+// weights P^T / dS^T (kZero true, whatever NaN the row statistics put there).
+template <bool kZero, typename T>
+void apply_mask(T* x, const T* bias, int64_t j0, int64_t j1) {
   typedef typename VT<T>::V V;
   for (int64_t j = j0; j < j1; ++j)
     for (int64_t i = 0; i < BQ; i += VT<T>::W) {
       const V b = ldu<V>(bias + j * BQ + i);
-      stu(x + j * BQ + i, b < V{} ? b : ldu<V>(x + j * BQ + i));
-    }
-}
-
-// x[j][i] = 0 where masked, rows [j0, j1) of an S^T block (P^T or dS^T, whatever NaN they held).
-template <typename T>
-void zero_masked(T* x, const T* bias, int64_t j0, int64_t j1) {
-  typedef typename VT<T>::V V;
-  for (int64_t j = j0; j < j1; ++j)
-    for (int64_t i = 0; i < BQ; i += VT<T>::W) {
-      const V b = ldu<V>(bias + j * BQ + i);
-      stu(x + j * BQ + i, b < V{} ? V{} : ldu<V>(x + j * BQ + i));
+      stu(x + j * BQ + i, b < V{} ? (kZero ? V{} : b) : ldu<V>(x + j * BQ + i));
     }
 }
 

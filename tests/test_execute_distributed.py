@@ -43,7 +43,7 @@ def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seql
     spec = BatchSpec(list(seqlens), masks, 4, 2, 8, dtype=dtype)
     # the hypergraph candidate alone: it moves data on these small batches (a packing would not)
     cfg = PlannerConfig(block_size=3, head_block_size=2, partitioner=GreedyPartitioner(), time_budget_s=None,
-                        search=SearchConfig(pack_epsilons=()))
+                        search=SearchConfig(pack_epsilons=(), aligned_groups=False))
     return plan(spec, Cluster(nodes, world // nodes), cfg)
 
 
@@ -102,10 +102,8 @@ def _scenario_correct(rank, world):
     return out, True
 
 
-def _scenario_bad_inputs(rank, world):
-    import dcp
-    from dcp.errors import ExecutionError
-
+def _count_transfers() -> list:
+    """Make ``dist.batch_isend_irecv`` record the size of every group it posts (in this process)."""
     calls = []
     real = dist.batch_isend_irecv
 
@@ -114,6 +112,14 @@ def _scenario_bad_inputs(rank, world):
         return real(ops)
 
     dist.batch_isend_irecv = counting
+    return calls
+
+
+def _scenario_bad_inputs(rank, world):
+    import dcp
+    from dcp.errors import ExecutionError
+
+    calls = _count_transfers()
     plan = _build(world, "causal")
     n = len(plan.local_token_index(rank))
     q = torch.randn(n, 4, 8, dtype=torch.float64)
@@ -148,14 +154,7 @@ def _scenario_agreement(rank, world):
     same group runs a plan that rank 0 made and broadcast_plan shipped."""
     import dcp
 
-    calls = []
-    real = dist.batch_isend_irecv
-
-    def counting(ops):
-        calls.append(len(ops))
-        return real(ops)
-
-    dist.batch_isend_irecv = counting
+    calls = _count_transfers()
     out = {}
     mine = _build(world, "causal", seqlens=(23, 6, 17, 2 if rank == 1 else 1))
     try:

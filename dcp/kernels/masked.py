@@ -45,51 +45,46 @@ def softmax_rows(s_hgqk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return p, (torch.log(denom) + m).squeeze(-1)
 
 
-def _nonfinite(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(finite mask of ``x``, indices along dim 0 holding a non-finite entry), or None if all finite."""
+def _exact(w_hgqk, allowed_qk, x, plain, nonfinite_part, per_index: int):
+    """``plain(w, x)`` with masked weights zeroed; when ``x`` has non-finite entries, ``plain`` runs on the
+    finite part and ``nonfinite_part(w, x_nf, idx)`` adds, through allowed pairs only, the non-finite part
+    of the dim-0 entries ``idx`` of ``x`` that hold one (in chunks of about ``CHUNK_ELEMENTS``)."""
+    w = masked(w_hgqk, allowed_qk)
     fin = torch.isfinite(x)
     if bool(fin.all()):
-        return None
-    return fin, torch.nonzero(~fin.flatten(1).all(dim=1)).flatten()
+        return plain(w, x)
+    bad = torch.nonzero(~fin.flatten(1).all(dim=1)).flatten()
+    out = plain(w, torch.where(fin, x, 0.0))
+    step = max(1, CHUNK_ELEMENTS // max(1, per_index))
+    for c in range(0, bad.numel(), step):
+        idx = bad[c:c + step]
+        out = out + nonfinite_part(w, torch.where(fin[idx], 0.0, x[idx]), idx)
+    return out
 
 
 def keys_to_rows(w_hgqk: torch.Tensor, allowed_qk: torch.Tensor, x_khd: torch.Tensor) -> torch.Tensor:
     """``[Tq, Hkv, G, D]``: per row, the ``w``-weighted sum of ``x`` over the keys it attends."""
-    w = masked(w_hgqk, allowed_qk)
-    nf = _nonfinite(x_khd)
-    if nf is None:
-        return torch.einsum("hgqk,khd->qhgd", w, x_khd)
-    fin, bad = nf
-    out = torch.einsum("hgqk,khd->qhgd", w, torch.where(fin, x_khd, 0.0))
-    hkv, g, tq, _ = w.shape
-    step = max(1, CHUNK_ELEMENTS // max(1, hkv * g * tq * x_khd.shape[-1]))
-    for c in range(0, bad.numel(), step):
-        j = bad[c:c + step]
-        x_nf = torch.where(fin[j], 0.0, x_khd[j])                            # [J, Hkv, D]: only the non-finite parts
+    def nonfinite_part(w, x_nf, j):                                          # x_nf [J, Hkv, D]
         prod = w[..., j, None] * x_nf.permute(1, 0, 2)[:, None, None]        # [Hkv, G, Tq, J, D]
         prod = torch.where(allowed_qk[:, j][None, None, :, :, None], prod, 0.0)
-        out = out + prod.sum(dim=3).permute(2, 0, 1, 3)
-    return out
+        return prod.sum(dim=3).permute(2, 0, 1, 3)
+
+    hkv, g, tq, _ = w_hgqk.shape
+    return _exact(w_hgqk, allowed_qk, x_khd, lambda w, x: torch.einsum("hgqk,khd->qhgd", w, x), nonfinite_part,
+                  hkv * g * tq * x_khd.shape[-1])
 
 
 def rows_to_keys(w_hgqk: torch.Tensor, allowed_qk: torch.Tensor, x_qhgd: torch.Tensor) -> torch.Tensor:
     """``[Tk, Hkv, D]``: per key, the ``w``-weighted sum of ``x`` over the rows (and group heads) that
     attend it."""
-    w = masked(w_hgqk, allowed_qk)
-    nf = _nonfinite(x_qhgd)
-    if nf is None:
-        return torch.einsum("hgqk,qhgd->khd", w, x_qhgd)
-    fin, bad = nf
-    out = torch.einsum("hgqk,qhgd->khd", w, torch.where(fin, x_qhgd, 0.0))
-    hkv, g, _, tk = w.shape
-    step = max(1, CHUNK_ELEMENTS // max(1, hkv * g * tk * x_qhgd.shape[-1]))
-    for c in range(0, bad.numel(), step):
-        i = bad[c:c + step]
-        x_nf = torch.where(fin[i], 0.0, x_qhgd[i])                           # [I, Hkv, G, D]
+    def nonfinite_part(w, x_nf, i):                                          # x_nf [I, Hkv, G, D]
         prod = w[:, :, i, :, None] * x_nf.permute(1, 2, 0, 3)[:, :, :, None]  # [Hkv, G, I, Tk, D]
         prod = torch.where(allowed_qk[i][None, None, :, :, None], prod, 0.0)
-        out = out + prod.sum(dim=(1, 2)).permute(1, 0, 2)
-    return out
+        return prod.sum(dim=(1, 2)).permute(1, 0, 2)
+
+    hkv, g, _, tk = w_hgqk.shape
+    return _exact(w_hgqk, allowed_qk, x_qhgd, lambda w, x: torch.einsum("hgqk,qhgd->khd", w, x), nonfinite_part,
+                  hkv * g * tk * x_qhgd.shape[-1])
 
 
 __all__ = ["keys_to_rows", "rows_to_keys", "masked", "softmax_rows"]
