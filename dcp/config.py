@@ -76,8 +76,9 @@ class SearchConfig:
         for name in ("hypergraph", "aligned_groups"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not self.hypergraph and not self.pack_epsilons:
-            raise InvalidConfigError("the search needs candidates: give pack_epsilons or hypergraph=True")
+        if not self.hypergraph and not self.pack_epsilons and not self.aligned_groups:
+            raise InvalidConfigError("the search needs candidates: give pack_epsilons, aligned_groups=True or "
+                                     "hypergraph=True")
         tt = self.token_time_s
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
             raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")

@@ -146,8 +146,9 @@ class DCPPlanner(Planner):
         out: list[Candidate] = []
         groups: dict = {}
         token_s = search.token_time_s if search.objective == "time" else 0.0
+        aligned = search.aligned_groups and search.objective == "time"
         weights = token_part = None
-        if epsilons:  # a sequence's attention, plus its tokens' non-attention work when the search counts it
+        if epsilons or aligned:  # a sequence's attention, plus its tokens' non-attention work when scored
             token_work = token_s * np.asarray(spec.seqlens, dtype=float)
             weights = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) + token_work
             token_part = token_work / np.maximum(weights, 1e-300)
@@ -163,7 +164,7 @@ class DCPPlanner(Planner):
             out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
                                 cfg.cost_model, self._stage_counts(), cfg.two_phase))
             groups[label] = (pk.groups, weights)
-        if search.aligned_groups and search.objective == "time":
+        if aligned:
             pk = pack_aligned(spec, cluster, cfg.block_size, cfg.head_block_size, weights, token_part)
             if not any(same_placement(c, pk.layout, pk.home) for c in out):
                 out.append(evaluate("pack(aligned)", spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,

@@ -14,7 +14,7 @@ from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartit
 from dcp.plan import CommLaunch, CommWait, Compute, Reduce
 from _budget import n_examples
 
-HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=())
+HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=(), aligned_groups=False)
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None, search=HYPERGRAPH_ONLY)
 
 

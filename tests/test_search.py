@@ -246,7 +246,7 @@ def test_refinement_never_makes_the_estimate_worse():
 
 
 @pytest.mark.parametrize("bad", [dict(objective="speed"), dict(pack_epsilons=(-0.1,)), dict(stage_counts=()),
-                                 dict(stage_counts=(0,)), dict(pack_epsilons=(), hypergraph=False),
+                                 dict(stage_counts=(0,)), dict(pack_epsilons=(), hypergraph=False, aligned_groups=False),
                                  dict(max_compute_imbalance=0.5), dict(refine_evaluations=-1),
                                  dict(token_time_s=-1.0), dict(hypergraph="yes")])
 def test_bad_search_config_is_refused(bad):
