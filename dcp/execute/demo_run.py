@@ -13,7 +13,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
