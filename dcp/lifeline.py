@@ -8,8 +8,9 @@ stdout, keep ``torchrun ... | tail`` from ever returning. A helper therefore cal
 - ``tie_to_parent(parent_pid, pdeathsig)``: on Linux the kernel sends it SIGKILL when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``; only when the parent started it from its main thread, since the signal
   follows the *thread* that created the child), and on every platform a daemon thread polls
-  ``os.getppid()`` and exits the process once it is no longer ``parent_pid`` (reparenting): within
-  ``poll_s`` seconds even when the main thread is busy in C++ code that holds no GIL;
+  ``os.getppid()`` (or, for a "forkserver" child, the multiprocessing parent sentinel) and exits the
+  process once the parent is gone: within ``poll_s`` seconds even when the main thread is busy in C++
+  code that holds no GIL;
 - ``detach_stdio()``: file descriptors 0, 1 and 2 point at /dev/null (a helper reports through its pipe).
 """
 from __future__ import annotations
@@ -40,20 +41,34 @@ def _set_pdeathsig() -> None:
         pass
 
 
-def _watch(parent_pid: int, poll_s: float) -> None:
+def _watch(gone, poll_s: float) -> None:
     while True:
-        if os.getppid() != parent_pid:
+        if gone():
             os._exit(0)  # the parent is gone: no cleanup can matter to anyone now
         time.sleep(poll_s)
 
 
-def tie_to_parent(parent_pid: int, pdeathsig: bool = True, poll_s: float = 0.5) -> None:
-    """Make this process exit when ``parent_pid`` (its parent at start) dies, whatever the cause."""
-    if pdeathsig:
-        _set_pdeathsig()
-    if os.getppid() != parent_pid:  # the parent died before the kernel could be told
+def tie_to_parent(parent_pid: int | None, pdeathsig: bool = True, poll_s: float = 0.5) -> None:
+    """Make this process exit when its parent dies, whatever the cause.
+
+    ``parent_pid``: the parent's pid at start (a reparented child sees another ``os.getppid()``), or None
+    when the process that must not be outlived is not this one's parent: a multiprocessing child started
+    by a "forkserver" (its parent is the server, which lives as long as any of its children), watched
+    through the multiprocessing parent sentinel instead. ``pdeathsig`` only for a direct parent."""
+    if parent_pid is None:
+        import multiprocessing
+
+        parent = multiprocessing.parent_process()
+        if parent is None:
+            return
+        gone = lambda: not parent.is_alive()  # noqa: E731
+    else:
+        if pdeathsig:
+            _set_pdeathsig()
+        gone = lambda: os.getppid() != parent_pid  # noqa: E731
+    if gone():  # the parent died before the kernel (or the watchdog) could be told
         os._exit(0)
-    threading.Thread(target=_watch, args=(parent_pid, poll_s), daemon=True, name="dcp-parent-watch").start()
+    threading.Thread(target=_watch, args=(gone, poll_s), daemon=True, name="dcp-parent-watch").start()
 
 
 def detach_stdio() -> None:

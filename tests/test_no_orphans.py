@@ -3,8 +3,9 @@
 A parent script (a separate interpreter, its stdout and stderr one pipe read by this test) starts the
 partitioner worker (``dcp.partition.worker``) by planning under a time budget, or the loader's background
 planner (``dcp.integration.worker.PlanWorker``) in the middle of a job that itself started a partitioner
-worker. The test kills the parent with SIGKILL or SIGTERM (no ``atexit`` runs either way) and then
-requires every helper to be gone and the pipe to reach end-of-file within 10 s.
+worker (started by "spawn", or by a "forkserver"). The test kills the parent with SIGKILL or SIGTERM (no
+``atexit`` runs either way) and then requires every helper to be gone and the pipe to reach end-of-file
+within 10 s.
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def main(helper):
     else:
         from dcp.integration import PlanWorker, WorkerConfig
 
-        worker = PlanWorker(dcp.Cluster(1, 2), h.CONFIG, WorkerConfig(plan_fn=h.plan_then_hang))
+        method = "forkserver" if helper == "plan_worker_forkserver" else "spawn"
+        worker = PlanWorker(dcp.Cluster(1, 2), h.CONFIG, WorkerConfig(plan_fn=h.plan_then_hang, start_method=method))
         worker.submit(h.SPEC)
         path = os.environ["DCP_TEST_PIDFILE"]
         while not os.path.exists(path):
@@ -97,7 +99,7 @@ def _read_until(fd: int, deadline: float, stop) -> bytes:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-@pytest.mark.parametrize("helper", ["partitioner", "plan_worker"])
+@pytest.mark.parametrize("helper", ["partitioner", "plan_worker", "plan_worker_forkserver"])
 def test_helpers_exit_with_their_parent_and_release_its_output(tmp_path, helper, sig):
     (tmp_path / "orphan_helpers.py").write_text(textwrap.dedent(HELPERS))
     (tmp_path / "parent.py").write_text(textwrap.dedent(PARENT))

@@ -120,13 +120,14 @@ def _run_job(plan_fn: PlanFn, description: dict, cluster: Cluster, config: Plann
     return status, payload, time.perf_counter() - started, notes
 
 
-def _serve(jobs, results, cluster: Cluster, config: PlannerConfig, plan_fn: PlanFn, parent_pid: int | None = None,
-           pdeathsig: bool = False) -> None:
+def _serve(jobs, results, cluster: Cluster, config: PlannerConfig, plan_fn: PlanFn, parent_pid: int | None,
+           pdeathsig: bool) -> None:
     """Worker main loop: ``(job_id, description)`` in, ``(job_id, status, payload, seconds, notes)`` out.
-    Exits when the parent dies, even mid-job, and never holds its stdout/stderr (``dcp.lifeline``)."""
-    if parent_pid is not None:
-        tie_to_parent(parent_pid, pdeathsig)
-        detach_stdio()
+    Exits when the trainer dies, even mid-job, and never holds its stdout/stderr (``dcp.lifeline``):
+    ``parent_pid`` is the trainer's pid ("spawn"), or None under "forkserver" (the trainer is not this
+    process's parent; the multiprocessing parent sentinel tells when it is gone)."""
+    tie_to_parent(parent_pid, pdeathsig)
+    detach_stdio()
     results.put((READY, "ready", None, 0.0, []))
     while True:
         job = jobs.get()
@@ -223,7 +224,7 @@ class PlanWorker:
         ctx = mp.get_context(self.wc.start_method)
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         self._proc = ctx.Process(target=_serve, args=(self._jobs, self._results, self.cluster, self.config,
-                                                      self.plan_fn, os.getpid(), started_from_main_thread()),
+                                                      self.plan_fn, *self._parent()),
                                  daemon=False, name="dcp-plan-worker")
         self._proc.start()
         self._stop = threading.Event()
@@ -234,6 +235,13 @@ class PlanWorker:
         self._thread.start()
         self._finalizer = mp_util.Finalize(self, _shutdown, args=(self._proc, self._jobs, self._stop, self._thread),
                                            exitpriority=10)
+
+    def _parent(self) -> tuple[int | None, bool]:
+        """(this trainer's pid if it is the worker's parent, else None; whether the kernel may signal the
+        worker its parent's death: only from the main thread, whose exit would fire it)."""
+        if self.wc.start_method == "forkserver":  # the worker's parent is the server, not this process
+            return None, False
+        return os.getpid(), started_from_main_thread()
 
     def close(self) -> None:
         """Stop the worker (pending jobs are dropped)."""
