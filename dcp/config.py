@@ -44,7 +44,8 @@ class SearchConfig:
     - ``objective="time"`` (default): the candidate with the least estimated forward + backward
       makespan under ``PlannerConfig.cost_model`` (``dcp.sim.estimate``);
     - ``objective="bytes"``: the paper's objective — the candidate that communicates the fewest bytes
-      among those within the compute tolerance ``(1 + epsilon_inter)(1 + epsilon_intra)``.
+      among those within the compute tolerance ``(1 + epsilon_inter)(1 + epsilon_intra)`` (of those
+      within 3 % of the fewest, the best balanced).
 
     With ``objective="time"``, a chosen packing is then refined (``dcp.refine``: whole sequences move off
     the device estimated to finish last while the estimate drops), with at most ``refine_evaluations``
@@ -97,7 +98,10 @@ class PlannerConfig:
     Args:
         block_size: tokens per token block (the last block of a sequence keeps the remainder). Packing
             candidates cut sequences they split finer where balance needs it.
-        head_block_size: query heads per head block (None: all heads in one block).
+        head_block_size: query heads per head block. None (default): the packings keep all heads in one
+            block (their tiles stay with their queries anyway) and the hypergraph candidate cuts the heads
+            into two blocks of whole KV-head groups when there are at least two KV heads, so a device can
+            take one group's work without the other group's KV (``hypergraph_head_block_size``).
         partitioner: ``MtKaHyParPartitioner(preset="deterministic")`` (default: the same plan in every
             process), ``MtKaHyParPartitioner()`` (faster, varies run to run), ``KaHyParPartitioner()`` or
             ``GreedyPartitioner()``.
@@ -149,6 +153,15 @@ class PlannerConfig:
             raise InvalidConfigError(f"partitioner must be a dcp.partition.Partitioner, got {self.partitioner!r}")
         if not isinstance(self.search, SearchConfig):
             raise InvalidConfigError(f"search must be a dcp.SearchConfig, got {self.search!r}")
+
+    def hypergraph_head_block_size(self, num_heads: int, num_kv_heads: int) -> int | None:
+        """The hypergraph candidate's head block: ``head_block_size`` if given, else half the query heads
+        when there are at least two KV heads (an even number of them), else all of them."""
+        if self.head_block_size is not None:
+            return self.head_block_size
+        if num_kv_heads >= 2 and num_kv_heads % 2 == 0:
+            return num_heads // 2
+        return None
 
     @property
     def compute_tolerance(self) -> float:

@@ -5,17 +5,21 @@ every tile runs on its q block's home, so only KV travels (the cheaper side unde
 sequence lives on a *group* of devices. This module builds such placements without the static plans'
 restrictions (power-of-two groups, aligned device ranges, 2·cp equal chunks, one ring per group):
 
-1. **Groups.** Sequences go in decreasing order of work (the modelled compute time of each, whole). One that fits on a
-   device — work within the compute cap ``(1 + epsilon) · mean`` and tokens within the memory cap — goes
-   whole to the least-loaded device with room: no communication at all. One that fits nowhere is split
-   over as few devices as its work needs: inside the node with the most room when that node suffices
-   (NVLink only), else over the nodes with the most room; each member's *share* of the sequence is
-   its free capacity.
-2. **Blocks.** Whole sequences are cut at the configured block size; a sequence split over g devices
-   is cut finer (at least three blocks per member, never below ``MIN_SPLIT_BLOCK`` tokens), so the
-   shares can be met closely.
-3. **Deal.** A split sequence's blocks, heaviest first, go to the member whose share is least filled
-   (between nodes first, then between the devices of each node).
+1. **Groups** (``_assign_groups``). Sequences go in decreasing order of work (the planner gives each
+   sequence's modelled compute time run whole, plus its tokens' non-attention work when it scores it).
+   One that fits on a device — work within the compute cap ``(1 + epsilon) · mean`` and tokens within
+   the memory cap — goes whole to the least-loaded device with room: no communication at all (one that
+   would fit an empty device goes whole to the least loaded even when the caps are used up). One that
+   fits nowhere is split over the fewest devices whose room (in work, counting that a member's part
+   runs slower than the whole, and in tokens) adds up to it: inside the node with the most room when
+   that node suffices (NVLink only), else over the nodes with the most room; each member's *share* is
+   its room. When the room runs out the sequence is water-filled over the least loaded devices. The
+   slow-down makes the total work exceed the weights' sum: a first pass measures it, a second
+   balances against it.
+2. **Cuts** (``zigzag_cuts``). Whole sequences are cut at the configured block size. A split sequence is
+   cut on its mask's exact per-token work so that each member gets its share: as zigzag pairs of
+   strips where work grows along the sequence (causal), as contiguous chunks where it is about even
+   (sliding windows); strips longer than the block size are cut again.
 The planner builds packings at several ``epsilon`` and keeps the one whose schedule is estimated fastest.
 """
 from __future__ import annotations
@@ -176,31 +180,39 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
                 token_share: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Block boundaries ``[0, ..., L]`` of one split sequence and the member owning each block.
 
-    Member m (in node-major order) owns the m-th *pair* of strips counted from both ends,
-    ``[x_m, x_m+1)`` and ``[L − x_m+1, L − x_m)`` (the last member the middle): a zigzag, so each member
-    — and each node, whose members' strips are adjacent — holds early and late tokens. The cut points
-    ``x`` are placed on the exact per-token work of the mask so that every pair's work is its member's
-    share (for causal masks a pair's work is proportional to its length, so tokens follow the shares
-    too). With ``token_share`` > 0 that fraction of the work is spread evenly over the tokens instead.
-    Strips longer than ``block_size`` are cut into blocks of at most ``block_size`` tokens."""
+    Where the mask's work grows along the sequence (causal-like: the second half holds at least 1.5x
+    the first half's work), member m (in node-major order) owns the m-th *pair* of strips counted from
+    both ends, ``[x_m, x_m+1)`` and ``[L − x_m+1, L − x_m)`` (the last member the middle): a zigzag, so
+    each member — and each node, whose members' strips are adjacent — holds early and late tokens.
+    Elsewhere (sliding windows, full masks: work about even) member m owns one contiguous chunk, so it
+    needs the keys of one boundary region instead of two. Cut points are placed on the exact per-token
+    work of the mask so that every member's work is its share (for causal masks a zigzag pair's work is
+    proportional to its length, so tokens follow the shares too). With ``token_share`` > 0 that fraction
+    of the work is spread evenly over the tokens instead. Strips longer than ``block_size`` are cut into
+    blocks of at most ``block_size`` tokens."""
     seqlen = ranges_tr2.shape[0]
     work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
+    half = seqlen // 2
+    growing = work[half:].sum() >= 1.5 * work[:half].sum()
     work = (1 - token_share) * work / max(work.sum(), 1e-300) + token_share / seqlen
     cum = np.concatenate([[0.0], np.cumsum(work)])
     total = float(cum[-1])
-    half = seqlen // 2
-    x = np.arange(half + 1)
-    strip = cum[x] + (total - cum[seqlen - x])  # work of [0, x) and [L - x, L)
     target = np.cumsum(share)[:-1] / share.sum() * total
-    xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(strip, target), [half]]).clip(0, half))
     g = members.size
     pieces = []
-    for m in range(g):
-        if m < g - 1:
-            strips = ((xs[m], xs[m + 1]), (seqlen - xs[m + 1], seqlen - xs[m]))
-        else:
-            strips = ((xs[m], seqlen - xs[m]),)
-        pieces += [(int(a), int(b), int(members[m])) for a, b in strips if b > a]
+    if growing:
+        x = np.arange(half + 1)
+        strip = cum[x] + (total - cum[seqlen - x])  # work of [0, x) and [L - x, L)
+        xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(strip, target), [half]]).clip(0, half))
+        for m in range(g):
+            if m < g - 1:
+                strips = ((xs[m], xs[m + 1]), (seqlen - xs[m + 1], seqlen - xs[m]))
+            else:
+                strips = ((xs[m], seqlen - xs[m]),)
+            pieces += [(int(a), int(b), int(members[m])) for a, b in strips if b > a]
+    else:
+        xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(cum, target), [seqlen]]).clip(0, seqlen))
+        pieces = [(int(xs[m]), int(xs[m + 1]), int(members[m])) for m in range(g) if xs[m + 1] > xs[m]]
     pieces.sort()
     cuts, owner = [0], []
     for a, b, d in pieces:

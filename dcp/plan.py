@@ -87,7 +87,8 @@ class Plan:
     """Everything an executor needs: the batch, its blocks and tiles, placement, and both programs.
 
     ``home[tb]``: device holding token block ``tb`` (its tokens' q/k/v/o and gradients);
-    ``tile_device[t]``/``tile_stage[t]``: where and in which compute stage tile ``t`` runs.
+    ``tile_device[t]``/``tile_stage[t]``: where and in which compute stage of the forward tile ``t`` runs
+    (the backward program may stage its tiles differently: its ``Compute`` instructions say how).
     """
 
     spec: BatchSpec

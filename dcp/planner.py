@@ -14,7 +14,7 @@ import warnings
 
 import numpy as np
 
-from dcp.assign import start_assign
+from dcp.assign import SLACK_COST, start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
 from dcp.build import build_program
 from dcp.candidates import Candidate, evaluate, same_placement, sequence_times
@@ -82,7 +82,7 @@ class DCPPlanner(Planner):
         started = time.perf_counter()
         check_inputs(spec, cluster, self.config)
         cfg = self.config
-        layout = uniform_layout(spec, cfg.block_size, cfg.head_block_size)
+        layout = uniform_layout(spec, cfg.block_size, cfg.hypergraph_head_block_size(spec.num_heads, spec.num_kv_heads))
         if layout.n_token_blocks < cluster.n_devices and not cfg.allow_idle_devices:
             raise TooFewBlocksError(
                 f"{layout.n_token_blocks} token blocks for {cluster.n_devices} devices: lower block_size "
@@ -206,8 +206,10 @@ def choose(cands: list[Candidate], cfg: PlannerConfig) -> Candidate:
     fits = [c for c in cands if cap is None or c.compute_imbalance <= cap * (1 + 1e-9)]
     if not fits:
         return min(cands, key=lambda c: c.compute_imbalance)
-    if search.objective == "bytes":
-        return min(fits, key=lambda c: c.comm_bytes)
+    if search.objective == "bytes":  # the fewest bytes; within 3 % of them, the better balanced
+        fewest = min(c.comm_bytes for c in fits)
+        near = [c for c in fits if c.comm_bytes <= (1 + SLACK_COST) * fewest]
+        return min(near, key=lambda c: (c.compute_imbalance, c.comm_bytes))
     return min(fits, key=lambda c: c.step_s(search.token_time_s))
 
 

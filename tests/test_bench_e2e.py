@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dcp.bench import e2e
+from dcp.bench.common import DcpOptions
 from dcp.bench.common import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,8 @@ def test_greedy_groups_longest_first():
 def test_tiny_run_writes_csv(tmp_path):
     cfg = e2e.E2EConfig(datasets=("ldc",), max_lens=(2048,), masks=("causal",), cp_sizes=(1, 2, 4),
                         model=e2e.ModelConfig(layers=2, hidden=256, heads=8, kv_groups=4, ffn=512, head_dim=32, tp=4),
-                        nodes=2, gpus_per_node=2, physical_gpus_per_node=8, block_sizes=(256,))
+                        nodes=2, gpus_per_node=2, physical_gpus_per_node=8,
+                        dcp=DcpOptions(partitioner="greedy", block_size=256))
     rows = e2e.run_e2e(cfg)
     path = e2e.write_results(rows, tmp_path, "a100")
     got = read_csv(path)

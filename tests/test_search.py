@@ -203,7 +203,10 @@ def test_bytes_objective_keeps_the_fewest_bytes_within_tolerance():
     plan = dcp.plan(spec, dcp.Cluster(2, 4), cfg)
     cands = json.loads(plan.meta["search_candidates"])
     fits = {k: v["comm_bytes"] for k, v in cands.items() if v["compute_imbalance"] <= cfg.compute_tolerance + 1e-9}
-    assert cands[plan.meta["search_chosen"]]["comm_bytes"] == min(fits.values())
+    chosen = cands[plan.meta["search_chosen"]]
+    assert chosen["comm_bytes"] <= 1.03 * min(fits.values())  # within 3 % of the fewest, the best balanced
+    near = [v for k, v in cands.items() if k in fits and v["comm_bytes"] <= 1.03 * min(fits.values())]
+    assert chosen["compute_imbalance"] == min(v["compute_imbalance"] for v in near)
     assert plan.stats().comm_bytes_total == cands[plan.meta["search_chosen"]]["comm_bytes"]
     assert plan.stats().compute_imbalance <= cfg.compute_tolerance + 1e-9
 

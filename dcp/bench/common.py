@@ -29,7 +29,10 @@ from dcp.spec import BatchSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
-"""Default output folder (``benchmarks/results`` of the repository)."""
+"""The repository's committed results (written only when a command is given ``--out-dir`` there)."""
+DEFAULT_OUT = Path("dcp-bench-results")
+"""Where ``dcp bench`` writes unless told otherwise (relative to the working directory), so that running a
+benchmark never overwrites the committed results."""
 
 BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
 """Every static baseline; "best baseline" in the summaries means the fastest of these."""
@@ -213,45 +216,70 @@ def fmt_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-PARTITIONERS = ("deterministic", "default", "kahypar")
 PAPER_EPSILON_INTER = 0.4
 PAPER_EPSILON_INTRA = 0.1
-"""The paper's compute imbalance tolerances (across nodes, inside a node); the benchmarks' defaults.
-``PlannerConfig``'s own defaults are 0.05 / 0.05."""
+"""The paper's compute imbalance tolerances (across nodes, inside a node), used where a benchmark studies
+the paper's bytes objective (``dcp bench dryrun``, ``benchmarks/bench_bytes.py``)."""
 
 
-def make_partitioner(name: str):
-    """``deterministic``: Mt-KaHyPar's deterministic preset (same plan for a seed on every run; the
-    benchmarks' default so committed CSVs reproduce); ``default``: Mt-KaHyPar's fast preset (the library
-    default; plans vary run to run); ``kahypar``: KaHyPar single-threaded, as the paper's prototype."""
-    from dcp.partition import KaHyParPartitioner, MtKaHyParPartitioner
+@dataclasses.dataclass(frozen=True)
+class DcpOptions:
+    """Overrides of dcp's ``PlannerConfig`` for a benchmark run; ``None`` keeps the planner's default, so a
+    plain run measures ``dcp.plan`` exactly as a user gets it (only the cost model follows the profile
+    being simulated, as a user would configure it for their hardware)."""
 
-    if name == "deterministic":
-        return MtKaHyParPartitioner(preset="deterministic")
-    if name == "default":
-        return MtKaHyParPartitioner()
-    if name == "kahypar":
-        return KaHyParPartitioner()
-    raise ValueError(f"unknown partitioner {name!r}; one of {PARTITIONERS}")
+    partitioner: str | None = None
+    epsilon_inter: float | None = None
+    epsilon_intra: float | None = None
+    objective: str | None = None
+    block_size: int | None = None
+
+    def changed(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-def dcp_config(profile: str, block_size: int = 1024, seed: int = 0, partitioner: str = "deterministic",
-               epsilon_inter: float = PAPER_EPSILON_INTER, epsilon_intra: float = PAPER_EPSILON_INTRA):
-    """The ``PlannerConfig`` the benchmarks give dcp (the profile's cost model sets its stage budgets)."""
-    from dcp.config import PlannerConfig
+def dcp_config(profile: str, options: DcpOptions = DcpOptions(), cost=None, **search_changes):
+    """The ``PlannerConfig`` a benchmark gives dcp: the defaults, the profile's cost model (or ``cost``),
+    the options' overrides and ``search_changes`` (fields of ``SearchConfig``)."""
+    from dcp.config import PlannerConfig, SearchConfig
     from dcp.cost import CostModel
+    from dcp.partition import named_partitioner
 
-    return PlannerConfig(block_size=block_size, seed=seed, cost_model=CostModel.named(profile),
-                         partitioner=make_partitioner(partitioner), epsilon_inter=epsilon_inter,
-                         epsilon_intra=epsilon_intra)
+    kw = {}
+    if options.partitioner is not None:
+        kw["partitioner"] = named_partitioner(options.partitioner)
+    for name in ("epsilon_inter", "epsilon_intra", "block_size"):
+        if getattr(options, name) is not None:
+            kw[name] = getattr(options, name)
+    search = dict(search_changes)
+    if options.objective is not None:
+        search["objective"] = options.objective
+    return PlannerConfig(cost_model=cost or CostModel.named(profile), search=SearchConfig(**search), **kw)
+
+
+def config_fields(config) -> dict:
+    """CSV fields naming the dcp configuration a row used (the effective values)."""
+    part = config.partitioner
+    return dict(dcp_partitioner=f"{part.name}:{getattr(part, 'preset', '')}".rstrip(":"),
+                dcp_objective=config.search.objective, dcp_block_size=config.block_size,
+                dcp_epsilon_inter=config.epsilon_inter, dcp_epsilon_intra=config.epsilon_intra)
 
 
 def add_dcp_args(p) -> None:
-    """``--partitioner``, ``--epsilon-inter``, ``--epsilon-intra`` (shared by the bench subcommands)."""
-    p.add_argument("--partitioner", default="deterministic", choices=PARTITIONERS,
-                   help="deterministic (Mt-KaHyPar deterministic preset, reproducible; default), default "
-                        "(Mt-KaHyPar fast preset, varies run to run), kahypar")
-    p.add_argument("--epsilon-inter", type=float, default=PAPER_EPSILON_INTER,
-                   help="dcp's compute imbalance across nodes (paper: 0.4)")
-    p.add_argument("--epsilon-intra", type=float, default=PAPER_EPSILON_INTRA,
-                   help="dcp's compute imbalance inside a node (paper: 0.1)")
+    """Flags overriding dcp's configuration (shared by the bench subcommands); unset flags keep
+    ``PlannerConfig``'s defaults."""
+    from dcp.config import OBJECTIVES
+    from dcp.partition import PARTITIONER_NAMES
+
+    g = p.add_argument_group("dcp's configuration (default: dcp.plan's own)")
+    g.add_argument("--partitioner", default=None, choices=PARTITIONER_NAMES,
+                   help="hypergraph partitioner (default: deterministic, Mt-KaHyPar's reproducible preset)")
+    g.add_argument("--epsilon-inter", type=float, default=None, help="hypergraph tolerance across nodes")
+    g.add_argument("--epsilon-intra", type=float, default=None, help="hypergraph tolerance inside a node")
+    g.add_argument("--objective", default=None, choices=OBJECTIVES, help="search objective (default: time)")
+    g.add_argument("--block-size", type=int, default=None, help="dcp's token block size (default 1024)")
+
+
+def options_from_args(args) -> DcpOptions:
+    return DcpOptions(partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
+                      epsilon_intra=args.epsilon_intra, objective=args.objective, block_size=args.block_size)

@@ -8,8 +8,10 @@ follow the paper's end-to-end convention "max length = batch tokens": batches of
 devices and some devices stay idle (recorded as ``idle_devices``); that is what a 64K batch on 64 GPUs
 means, and it is why communication rises with B here.
 
-dcp is ``DCPPlanner`` at a fixed block size (no search) with the paper's imbalance tolerances
-(epsilon_inter 0.4, epsilon_intra 0.1) unless swept, and Mt-KaHyPar's deterministic preset.
+dcp is ``DCPPlanner`` with the paper's objective (``SearchConfig(objective="bytes")``: the fewest bytes
+within the compute tolerance) and the paper's tolerances (epsilon_inter 0.4, epsilon_intra 0.1) unless
+swept, at each block size swept, with its default (deterministic) partitioner; the sweeps study the
+bytes trade-offs the paper plots. Flags override the objective and the rest.
 Four sweeps, one CSV each under ``--out-dir``:
 
 - ``dryrun_block_size.csv``: B in {512, 1024, 2048, 4096} x masks {causal, lambda}: communication
@@ -32,9 +34,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from dcp.bench.common import (PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA, RESULTS, add_dcp_args, dcp_config,
-                              fmt_table, git_revision, machine, parse_list, plan_quietly, progress,
-                              sim_fields, stat_fields, write_csv)
+from dcp.bench.common import (DEFAULT_OUT, PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA, DcpOptions, add_dcp_args,
+                              config_fields, dcp_config, fmt_table, git_revision, machine, options_from_args,
+                              parse_list, plan_quietly, progress, sim_fields, stat_fields, write_csv)
 from dcp.cluster import Cluster
 
 SWEEPS = ("block_size", "sparsity", "epsilon")
@@ -60,9 +62,8 @@ class DryrunConfig:
     epsilons: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4)
     sweep_block_size: int = 1024
     seed: int = 0
-    partitioner: str = "deterministic"
-    epsilon_inter: float = PAPER_EPSILON_INTER
-    epsilon_intra: float = PAPER_EPSILON_INTRA
+    dcp: DcpOptions = DcpOptions(epsilon_inter=PAPER_EPSILON_INTER, epsilon_intra=PAPER_EPSILON_INTRA,
+                                 objective="bytes")
 
 
 def mask_area(mask, seqlens) -> tuple[int, int]:
@@ -118,8 +119,10 @@ def run_dryrun(cfg: DryrunConfig) -> dict[str, list[dict]]:
         lens = batches[dataset][bi]
         spec = BatchSpec(lens, mask, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype)
         eps = knobs.get("epsilon")
-        e_inter, e_intra = (cfg.epsilon_inter, cfg.epsilon_intra) if eps is None else (eps, eps)
-        config = dcp_config(cfg.profile, knobs["block_size"], cfg.seed, cfg.partitioner, e_inter, e_intra)
+        opts = dataclasses.replace(cfg.dcp, block_size=knobs["block_size"])
+        if eps is not None:
+            opts = dataclasses.replace(opts, epsilon_inter=eps, epsilon_intra=eps)
+        config = dcp_config(cfg.profile, opts)
         t0 = time.perf_counter()
         plan, warns = plan_quietly(DCPPlanner(config), spec, cluster)
         wall = time.perf_counter() - t0
@@ -129,7 +132,7 @@ def run_dryrun(cfg: DryrunConfig) -> dict[str, list[dict]]:
         rows[sweep].append(dict(
             sweep=sweep, dataset=dataset, scale=cfg.scale, batch=bi, mask=label, window=knobs.get("window", ""),
             unmasked_frac_vs_causal=round(area / causal, 5), block_size=knobs["block_size"],
-            epsilon_inter=config.epsilon_inter, epsilon_intra=config.epsilon_intra, partitioner=cfg.partitioner,
+            epsilon_inter=config.epsilon_inter, epsilon_intra=config.epsilon_intra, **config_fields(config),
             num_seqs=spec.num_seqs,
             tokens=spec.total_tokens, max_seqlen=int(max(lens)), nodes=cfg.nodes, gpus_per_node=cfg.gpus_per_node,
             planner="dcp", planning_time_s=round(wall, 4), plan_time_stamped_s=round(plan.planning_time_s, 4),
@@ -156,7 +159,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_dcp_args(p)
     p.add_argument("--quick", action="store_true", help="1 batch, longalign only")
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--out-dir", default=str(DEFAULT_OUT),
+                   help="where the CSVs go (the committed results: --out-dir benchmarks/results)")
     p.set_defaults(func=cmd_dryrun)
 
 
@@ -164,8 +168,8 @@ def config_from_args(args) -> DryrunConfig:
     kw = dict(sweeps=parse_list(args.sweeps), datasets=parse_list(args.datasets), batches=args.batches,
               nodes=args.nodes, gpus_per_node=args.gpus_per_node, tokens=args.tokens, profile=args.profile,
               block_sizes=parse_list(args.block_sizes, int), windows=parse_list(args.windows, int),
-              epsilons=parse_list(args.epsilons, float), seed=args.seed, partitioner=args.partitioner,
-              epsilon_inter=args.epsilon_inter, epsilon_intra=args.epsilon_intra)
+              epsilons=parse_list(args.epsilons, float), seed=args.seed,
+              dcp=dataclasses.replace(DryrunConfig.dcp, **options_from_args(args).changed()))
     if args.quick:
         kw.update(batches=1, datasets=("longalign",))
     return DryrunConfig(**kw)

@@ -28,10 +28,11 @@ inside a group every sequence runs zigzag ring attention over the group's c devi
 the group's sub-batch, ``Cluster(max(1, c // gpn), min(c, gpn))``); attention time = slowest group.
 ``megatron_best`` = the CP size with the least iteration time (grid search, as the paper's baseline).
 
-dcp: ``DCPPlanner`` at each of ``--block-sizes``, keeping the least simulated *iteration* time (as
-``AutoPlanner`` without baselines, but scored on attention + non-attention, since the block size also sets
-how evenly the tokens, hence the linear layers, are spread). ``planning_time_s`` is the chosen plan's
-planning + simulation wall time on this machine.
+dcp: ``dcp.plan`` with its default configuration, told what a training step costs besides attention:
+its cost model is the profile above and ``SearchConfig.token_time_s`` the non-attention seconds per token
+per layer (the model's FLOPs at the given MFU), so it scores candidates on attention + the linear layers
+of the device with the most tokens, as the iteration model does. ``planning_time_s`` is its planning wall
+time on this machine.
 
 Output: ``e2e_<profile><tag>.csv``, one row per (dataset, max_len, mask, planner).
 """
@@ -44,12 +45,12 @@ from pathlib import Path
 
 import numpy as np
 
-from dcp.bench.common import (PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA, RESULTS, add_dcp_args, dcp_config,
-                              fmt_table, git_revision, machine, parse_list, plan_quietly, progress, write_csv)
+from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, fmt_table,
+                              git_revision, machine, options_from_args, parse_list, plan_quietly, progress, write_csv)
 from dcp.cluster import Cluster
 
 DATASETS = ("longalign", "ldc")
-MAX_LENS = (16384, 32768, 65536)
+MAX_LENS = (16384, 32768, 65536, 131072)
 MASKS = ("causal", "lambda")
 CP_SIZES = (1, 2, 4, 8, 16)
 QUICK = dict(max_lens=(16384, 32768), masks=("lambda",))
@@ -142,11 +143,8 @@ class E2EConfig:
     physical_gpus_per_node: int = 8
     profile: str = "a100"
     mfu: float = 0.6
-    block_sizes: tuple[int, ...] = (1024, 2048)
     seed: int = 0
-    partitioner: str = "deterministic"
-    epsilon_inter: float = PAPER_EPSILON_INTER
-    epsilon_intra: float = PAPER_EPSILON_INTRA
+    dcp: DcpOptions = DcpOptions()
 
     @property
     def n_devices(self) -> int:
@@ -214,27 +212,23 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
                                   planning_time_s=round(time.perf_counter() - started, 3)))
         best = min(cell_rows, key=lambda r: r["iteration_s"])
         cell_rows.append(dict(best, planner="megatron_best"))
-        # dcp over the whole DP group, at its best block size by simulated iteration time (attention +
-        # non-attention: the block size also sets how evenly tokens, hence the linear layers, are spread)
-        best_dcp = None
-        for bsz in cfg.block_sizes:
-            config = dataclasses.replace(dcp_config(cfg.profile, bsz, cfg.seed, cfg.partitioner,
-                                                    cfg.epsilon_inter, cfg.epsilon_intra), cost_model=cost)
-            started = time.perf_counter()
-            plan, _ = plan_quietly(DCPPlanner(config), spec_of(lens, mask_name), cluster)
-            fwd, bwd = simulate_both(plan, cost, record_events=False)
-            max_tok = float(tokens_per_device(plan).max())
-            other_s = other_time_s(max_tok, m, peak, cfg.mfu)
-            it = m.layers * (fwd.makespan_s + bwd.makespan_s + other_s)
-            if best_dcp is None or it < best_dcp[0]:
-                best_dcp = (it, bsz, fwd.makespan_s, bwd.makespan_s, other_s, max_tok, time.perf_counter() - started)
-        it, bsz, fwd_s, bwd_s, other_s, max_tok, plan_s = best_dcp
+        # dcp over the whole DP group, scoring attention plus each device's non-attention work
+        config = dcp_config(cfg.profile, cfg.dcp, cost=cost, token_time_s=other_time_s(1.0, m, peak, cfg.mfu))
+        started = time.perf_counter()
+        plan, _ = plan_quietly(DCPPlanner(config), spec_of(lens, mask_name), cluster)
+        plan_s = time.perf_counter() - started
+        fwd, bwd = simulate_both(plan, cost, record_events=False)
+        max_tok = float(tokens_per_device(plan).max())
+        other_s = other_time_s(max_tok, m, peak, cfg.mfu)
+        fwd_s, bwd_s, bsz = fwd.makespan_s, bwd.makespan_s, config.block_size
+        it = m.layers * (fwd_s + bwd_s + other_s)
         cell_rows.append(dict(cell, planner="dcp", cp_size="",
                               block_size=bsz,
                               attention_fwd_ms=round(fwd_s * 1e3, 4), attention_bwd_ms=round(bwd_s * 1e3, 4),
                               attention_ms=round((fwd_s + bwd_s) * 1e3, 4), other_ms=round(other_s * 1e3, 4),
                               max_device_tokens=int(max_tok), iteration_s=_sig(it),
-                              planning_time_s=round(plan_s, 3),
+                              planning_time_s=round(plan_s, 3), chosen=plan.meta.get("search_chosen", ""),
+                              **config_fields(config),
                               speedup_vs_megatron_best=round(best["iteration_s"] / _sig(it), 4),
                               megatron_best_cp=best["cp_size"], paper_reference=_paper_ref(dataset, max_len, mask_name)))
         for r in cell_rows:
@@ -260,19 +254,18 @@ def add_parser(sub) -> None:
     p.add_argument("--cp-sizes", default=",".join(str(x) for x in CP_SIZES), help="Megatron CP sizes to grid-search")
     p.add_argument("--profile", default="a100")
     p.add_argument("--mfu", type=float, default=0.6, help="model FLOPs utilisation of the non-attention layers")
-    p.add_argument("--block-sizes", default="1024,2048", help="dcp's candidate block sizes")
     p.add_argument("--seed", type=int, default=0)
     add_dcp_args(p)
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--out-dir", default=str(DEFAULT_OUT),
+                   help="where the CSV goes (the committed results: --out-dir benchmarks/results)")
     p.add_argument("--tag", default=None, help="suffix: e2e_<profile><tag>.csv (default '_quick' with --quick, else '')")
     p.set_defaults(func=cmd_e2e)
 
 
 def config_from_args(args) -> E2EConfig:
     kw = dict(datasets=parse_list(args.datasets), max_lens=parse_list(args.max_lens, int), masks=parse_list(args.masks),
-              cp_sizes=parse_list(args.cp_sizes, int), profile=args.profile, mfu=args.mfu,
-              block_sizes=parse_list(args.block_sizes, int), seed=args.seed, partitioner=args.partitioner,
-              epsilon_inter=args.epsilon_inter, epsilon_intra=args.epsilon_intra)
+              cp_sizes=parse_list(args.cp_sizes, int), profile=args.profile, mfu=args.mfu, seed=args.seed,
+              dcp=options_from_args(args))
     if args.quick:
         kw.update(QUICK)
     return E2EConfig(**kw)

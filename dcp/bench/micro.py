@@ -5,25 +5,24 @@ stand-ins, ``dcp.data.lengths``) x scale {0.5, 1, 2, 4} x masks {causal, lambda,
 causal_blockwise} x planners on 4 nodes x 8 GPUs, 131,072-token batches, 8 query / 2 KV heads, head dim
 128, bf16, several batches per cell. Planners:
 
-dcp's configuration (both dcp planners): the paper's imbalance tolerances (epsilon_inter 0.4, epsilon_intra
-0.1; ``PlannerConfig`` defaults to 0.05 / 0.05) and Mt-KaHyPar's deterministic preset, so that a rerun
-reproduces the CSVs (``--partitioner default`` is the library's faster preset, whose plans vary run to run).
-
-- ``dcp``: ``AutoPlanner`` without baselines, i.e. dcp at its best block size among 1024/2048/4096 by
-  simulated forward+backward time (the paper reports dcp at its best B); the chosen B is recorded.
-- ``dcp_auto``: ``AutoPlanner`` with ``baselines=(ZigzagPlanner(), MegatronDynCPPlanner())``: the same
-  dcp candidates plus two static plans, so it falls back to a static plan when that simulates faster.
+- ``dcp``: ``dcp.plan`` with its DEFAULT configuration (the time-optimizing search, deterministic
+  partitioner), its cost model set to the profile being simulated, as a user configures it for their
+  hardware; ``--partitioner/--epsilon-*/--objective/--block-size`` override it for ablations. The
+  candidate the search chose is recorded.
+- ``dcp_auto``: ``AutoPlanner`` with ``baselines=(ZigzagPlanner(), MegatronDynCPPlanner())``: dcp's plan
+  plus two static plans, by simulated time (to show how rarely running a static plan would help).
 - the static baselines ring, zigzag, te_a2a_p2p, loongtrain (default degrees), megatron_dyncp.
 
 Per (cell, batch, planner, profile) one CSV row: simulated forward/backward ms, ideal ms, communication
 bytes (total, inter-node), compute/memory imbalance, planning time (measured wall-clock on this machine,
-end to end: spec -> validated plans; for dcp/dcp_auto all candidates plus their simulations), chosen
+end to end: spec -> validated plans; for dcp_auto its candidates plus their simulations), chosen
 candidate. Baseline plans do not depend on the profile and are planned once per batch; dcp plans are
-made per profile (the cost model sets the stage budgets). ``AutoPlanner`` runs get their candidate plans
-from a per-batch cache (``CachedAutoPlanner``), so dcp and dcp_auto share planning work; the planning
-time they report still counts the cached candidates' own planning time.
+made per profile (its cost model schedules and scores the candidates). ``dcp_auto`` gets its candidate
+plans from a per-batch cache (``CachedAutoPlanner``), so it shares planning work with dcp and the
+baselines; the planning time it reports still counts the cached candidates' own planning time.
 
-Outputs (``--out-dir``, default benchmarks/results): ``micro_<profile>.csv`` (one row per plan) and
+Outputs (``--out-dir``, default ./dcp-bench-results; the committed results were written with
+``--out-dir benchmarks/results``): ``micro_<profile>.csv`` (one row per plan) and
 ``micro_<profile>_summary.csv`` (one row per cell: mean times over batches per planner, best baseline,
 speedups of dcp and dcp_auto over it, forward and backward separately, as the paper reports).
 """
@@ -34,10 +33,10 @@ import dataclasses
 import time
 from pathlib import Path
 
-from dcp.bench.common import (BASELINE_NAMES, PAPER_BASELINE_NAMES, PAPER_EPSILON_INTER, PAPER_EPSILON_INTRA,
-                              RESULTS, CachedAutoPlanner, add_dcp_args, auto_fields, dcp_config, fmt_table,
-                              git_revision, machine, mean, parse_list, plan_quietly, progress,
-                              sim_fields, stat_fields, write_csv)
+from dcp.bench.common import (BASELINE_NAMES, DEFAULT_OUT, PAPER_BASELINE_NAMES, CachedAutoPlanner, DcpOptions,
+                              add_dcp_args, auto_fields, config_fields, dcp_config, fmt_table, git_revision,
+                              machine, mean, options_from_args, parse_list, plan_quietly, progress, sim_fields,
+                              stat_fields, write_csv)
 from dcp.cluster import Cluster
 
 DATASETS = ("longalign", "ldc")
@@ -72,11 +71,8 @@ class MicroConfig:
     kv_heads: int = 2
     head_dim: int = 128
     dtype: str = "bfloat16"
-    block_sizes: tuple[int, ...] = (1024, 2048, 4096)
     seed: int = 0
-    partitioner: str = "deterministic"
-    epsilon_inter: float = PAPER_EPSILON_INTER
-    epsilon_intra: float = PAPER_EPSILON_INTRA
+    dcp: DcpOptions = DcpOptions()
 
     def __post_init__(self):
         bad = [p for p in self.planners if p not in PLANNER_NAMES]
@@ -92,6 +88,7 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
     from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
     from dcp.cost import CostModel
     from dcp.data import make_batches
+    from dcp.planner import DCPPlanner
     from dcp.sim import ideal_time_s, simulate_both
     from dcp.spec import BatchSpec
 
@@ -111,8 +108,7 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
         cell = dict(dataset=dataset, scale=scale, mask=mask_name, batch=bi, num_seqs=spec.num_seqs,
                     tokens=spec.total_tokens, max_seqlen=int(max(lens)), nodes=cfg.nodes,
                     gpus_per_node=cfg.gpus_per_node, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
-                    dcp_partitioner=cfg.partitioner, dcp_epsilon_inter=cfg.epsilon_inter,
-                    dcp_epsilon_intra=cfg.epsilon_intra)
+                    **config_fields(dcp_config("a100", cfg.dcp)))
         base_plans = {}
         for name in plan_bases:  # profile-independent: plan once per batch
             base_plans[name] = plan_quietly(BASELINES[name](), spec, cluster)
@@ -125,16 +121,23 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
                 rows[profile].append(dict(cell, planner=name, chosen=name, block_size="",
                                           planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
                                           **stat_fields(plan), candidates="", warnings=len(warns), **common))
-            cache: dict = {}
-            for name in auto_bases if want_auto else ():
-                cache[(name, id(spec), id(cluster))] = base_plans[name][0]
-            for name in ("dcp", "dcp_auto"):
-                if name not in cfg.planners:
-                    continue
-                bases = (ZigzagPlanner(), MegatronDynCPPlanner()) if name == "dcp_auto" else ()
-                auto = CachedAutoPlanner(dcp_config(profile, cfg.block_sizes[0], cfg.seed, cfg.partitioner,
-                                                    cfg.epsilon_inter, cfg.epsilon_intra), block_sizes=tuple(cfg.block_sizes),
-                                         baselines=bases, cache=cache, ledger={})
+            config = dcp_config(profile, cfg.dcp)
+            dcp_plan = None
+            if "dcp" in cfg.planners or want_auto:
+                dcp_plan, dcp_warns = plan_quietly(DCPPlanner(config), spec, cluster)
+            if "dcp" in cfg.planners:
+                fwd, bwd = simulate_both(dcp_plan, cost, record_events=False)
+                rows[profile].append(dict(cell, planner="dcp", chosen=dcp_plan.meta.get("search_chosen", "dcp"),
+                                          block_size=config.block_size,
+                                          planning_time_s=round(dcp_plan.planning_time_s, 4), **sim_fields(fwd, bwd),
+                                          **stat_fields(dcp_plan), candidates=dcp_plan.meta.get("search_candidates", ""),
+                                          warnings=len(dcp_warns), **common))
+            if want_auto:
+                cache = {(f"dcp@B{config.block_size}", id(spec), id(cluster)): dcp_plan}
+                for name in auto_bases:
+                    cache[(name, id(spec), id(cluster))] = base_plans[name][0]
+                auto = CachedAutoPlanner(config, block_sizes=(config.block_size,),
+                                         baselines=(ZigzagPlanner(), MegatronDynCPPlanner()), cache=cache, ledger={})
                 plan, warns = plan_quietly(auto, spec, cluster)
                 cand = plan.meta["candidates"][plan.meta["chosen"]]
                 fwd_ms, bwd_ms = cand["forward_s"] * 1e3, cand["backward_s"] * 1e3
@@ -144,7 +147,7 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
                            ideal_bwd_ms=round(ideal_b, 5), fwd_efficiency=round(ideal_f / fwd_ms, 4),
                            bwd_efficiency=round(ideal_b / bwd_ms, 4))
                 fields = auto_fields(plan, auto.ledger.get("saved_s", 0.0))
-                rows[profile].append(dict(cell, planner=name, chosen=fields["chosen"], block_size=fields["block_size"],
+                rows[profile].append(dict(cell, planner="dcp_auto", chosen=fields["chosen"], block_size=fields["block_size"],
                                           planning_time_s=fields["planning_time_s"], **sim, **stat_fields(plan),
                                           candidates=fields["candidates"], warnings=len(warns), **common))
     return rows
@@ -211,10 +214,10 @@ def add_parser(sub) -> None:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--tokens", type=int, default=131072, help="tokens per batch")
-    p.add_argument("--block-sizes", default="1024,2048,4096", help="dcp's candidate block sizes")
     p.add_argument("--seed", type=int, default=0)
     add_dcp_args(p)
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--out-dir", default=str(DEFAULT_OUT),
+                   help="where the CSVs go (the committed results: --out-dir benchmarks/results)")
     p.add_argument("--tag", default=None,
                    help="suffix of the CSV names: micro_<profile><tag>.csv (default: '_quick' with --quick, else '')")
     p.set_defaults(func=cmd_micro)
@@ -224,9 +227,7 @@ def config_from_args(args) -> MicroConfig:
     kw = dict(datasets=parse_list(args.datasets), scales=parse_list(args.scales, float),
               masks=parse_list(args.masks), planners=parse_list(args.planners),
               profiles=parse_list(args.profiles), batches=args.batches, nodes=args.nodes,
-              gpus_per_node=args.gpus_per_node, tokens=args.tokens, block_sizes=parse_list(args.block_sizes, int),
-              seed=args.seed, partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
-              epsilon_intra=args.epsilon_intra)
+              gpus_per_node=args.gpus_per_node, tokens=args.tokens, seed=args.seed, dcp=options_from_args(args))
     if args.quick:
         kw.update(QUICK)
     return MicroConfig(**kw)
