@@ -8,6 +8,7 @@ balance/communication trade-offs for about the cost of one hypergraph partition.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +118,22 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
     tokens = np.bincount(home, weights=layout.tb_len, minlength=cluster.n_devices)
     return Candidate(label, layout, tiles, home, tile_device, fwd[2], bwd[2], fwd[0], bwd[0], comm, imbalance,
                      (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3], int(tokens.max()))
+
+
+def widen(cand: Candidate, spec: BatchSpec, cluster: Cluster, cost: CostModel, stage_counts: tuple[int, ...],
+          two_phase: bool) -> Candidate:
+    """``cand`` with each direction's schedule the fastest over ``stage_counts`` and its own."""
+    more = tuple(s for s in stage_counts if s not in cand.stages)
+    if not more:
+        return cand
+    other = evaluate(cand.label, spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device, cost, more,
+                     two_phase, cand.notes)
+    fwd = cand if cand.forward_s <= other.forward_s else other
+    bwd = cand if cand.backward_s <= other.backward_s else other
+    comm = schedule_bytes(spec, cand.layout, fwd.forward) + schedule_bytes(spec, cand.layout, bwd.backward)
+    return dataclasses.replace(cand, forward=fwd.forward, forward_s=fwd.forward_s, forward_ends=fwd.forward_ends,
+                               backward=bwd.backward, backward_s=bwd.backward_s, backward_ends=bwd.backward_ends,
+                               stages=(fwd.stages[0], bwd.stages[1]), comm_bytes=comm)
 
 
 def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:

@@ -214,12 +214,28 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
         xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(cum, target), [seqlen]]).clip(0, seqlen))
         pieces = [(int(xs[m]), int(xs[m + 1]), int(members[m])) for m in range(g) if xs[m + 1] > xs[m]]
     pieces.sort()
+    popular = popular_boundaries(ranges_tr2)
     cuts, owner = [0], []
     for a, b, d in pieces:
-        k = -(-(b - a) // block_size)
-        cuts += (a + (np.arange(1, k + 1) * (b - a)) // k).tolist()
-        owner += [d] * k
+        inner = popular[(popular > a) & (popular < b)]  # keys many queries read start a block of their own
+        edges = np.concatenate([[a], inner, [b]])
+        for lo, hi in zip(edges[:-1].tolist(), edges[1:].tolist()):
+            k = -(-(hi - lo) // block_size)
+            cuts += (lo + (np.arange(1, k + 1) * (hi - lo)) // k).tolist()
+            owner += [d] * k
     return np.asarray(cuts, dtype=np.int64), np.asarray(owner, dtype=np.int64)
+
+
+def popular_boundaries(ranges_tr2: np.ndarray, min_share: float = 0.25) -> np.ndarray:
+    """Key positions where the ranges of at least ``min_share`` of the queries start or end (the end of
+    a lambda mask's sink, a shared question's end): cutting a block there keeps the keys every query
+    reads in a small unit of their own, instead of inside a full block that would travel with them."""
+    seqlen = ranges_tr2.shape[0]
+    s, e = ranges_tr2[:, :, 0].ravel(), ranges_tr2[:, :, 1].ravel()
+    used = e > s
+    count = np.bincount(s[used], minlength=seqlen + 1) + np.bincount(e[used], minlength=seqlen + 1)
+    pos = np.flatnonzero(count >= min_share * seqlen)
+    return pos[(pos > 0) & (pos < seqlen)]
 
 
 def _water_level(load: np.ndarray, amount: float) -> float:

@@ -17,7 +17,7 @@ import numpy as np
 from dcp.assign import SLACK_COST, start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
 from dcp.build import build_program
-from dcp.candidates import Candidate, evaluate, same_placement, sequence_times
+from dcp.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import InvalidBatchError, InvalidClusterError, InvalidConfigError, PartitionerError, TooFewBlocksError
@@ -107,6 +107,7 @@ class DCPPlanner(Planner):
         finally:
             if pending is not None:  # an error before the partitioner's result was taken
                 pending.cancel()
+        cands = self._widen(spec, cluster, cands)
         best = choose(cands, cfg)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best = self._refine(spec, cluster, best, cands, *packings[best.label])
@@ -119,8 +120,24 @@ class DCPPlanner(Planner):
         return plan
 
     def _stage_counts(self) -> tuple[int, ...]:
+        """Stage counts every candidate is first scheduled at: the middle of the search's (the two best
+        candidates then get the rest, ``_widen``), or ``max_stages`` for the bytes objective."""
         cfg = self.config
-        return cfg.search.stage_counts if cfg.search.objective == "time" else (cfg.max_stages,)
+        counts = cfg.search.stage_counts
+        if cfg.search.objective != "time":
+            return (cfg.max_stages,)
+        return (counts[len(counts) // 2],) if len(counts) > 2 else counts
+
+    def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate]) -> list[Candidate]:
+        """The two candidates estimated fastest, scheduled at every stage count of the search."""
+        cfg = self.config
+        if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
+            return cands
+        ranked = sorted(range(len(cands)), key=lambda i: cands[i].step_s(cfg.search.token_time_s))
+        out = list(cands)
+        for i in ranked[:2]:
+            out[i] = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
+        return out
 
     def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
                 weights) -> Candidate:
