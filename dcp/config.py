@@ -51,6 +51,9 @@ class SearchConfig:
     the device estimated to finish last while the estimate drops), with at most ``refine_evaluations``
     re-schedules (0: no refinement).
 
+    ``hypergraph_max_tiles``: with the time objective, the hypergraph candidate's block size doubles
+    until it has at most this many tiles (0: never), so that partitioning stays within a second or so.
+
     ``token_time_s``: seconds of non-attention work (forward + backward) per home token per layer; the
     time objective then adds ``token_time_s × (most tokens on one device)``, because the linear layers of
     a training step run on each device's home tokens (0: score attention alone).
@@ -67,6 +70,7 @@ class SearchConfig:
     max_compute_imbalance: float | None = None
     refine_evaluations: int = 12
     token_time_s: float = 0.0
+    hypergraph_max_tiles: int = 4096
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -83,6 +87,9 @@ class SearchConfig:
         tt = self.token_time_s
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
             raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")
+        mt = self.hypergraph_max_tiles
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
+            raise InvalidConfigError(f"hypergraph_max_tiles must be an int >= 0, got {mt!r}")
         r = self.refine_evaluations
         if not isinstance(r, int) or isinstance(r, bool) or r < 0:
             raise InvalidConfigError(f"refine_evaluations must be an int >= 0, got {r!r}")

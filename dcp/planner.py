@@ -88,6 +88,7 @@ class DCPPlanner(Planner):
                 f"{layout.n_token_blocks} token blocks for {cluster.n_devices} devices: lower block_size "
                 f"(now {cfg.block_size}) or set allow_idle_devices=True")
         tiles = enumerate_tiles(spec, layout)
+        layout, tiles = self._hypergraph_blocks(spec, layout, tiles)
         pending = None
         if cfg.search.hypergraph:
             # balance exact work (FLOPs): the executors run each stage as one fused call whose speed
@@ -118,6 +119,20 @@ class DCPPlanner(Planner):
                          est_forward_ms=round(best.forward_s * 1e3, 5), est_backward_ms=round(best.backward_s * 1e3, 5),
                          search_candidates=json.dumps({c.label: c.summary() for c in cands}, sort_keys=True))
         return plan
+
+    def _hypergraph_blocks(self, spec: BatchSpec, layout: BlockLayout, tiles: TileSet) -> tuple[BlockLayout, TileSet]:
+        """The hypergraph candidate's blocks: with the time objective, the block size doubles while the
+        tiles exceed ``SearchConfig.hypergraph_max_tiles`` (partitioning time grows faster than linearly
+        in them, and long sequences are served by packings anyway); the bytes objective keeps the
+        configured block size."""
+        cfg = self.config
+        cap = cfg.search.hypergraph_max_tiles
+        block = cfg.block_size
+        while cfg.search.objective == "time" and cap and tiles.n_tiles > cap and block < max(spec.seqlens):
+            block *= 2
+            layout = uniform_layout(spec, block, layout.head_block_size)
+            tiles = enumerate_tiles(spec, layout)
+        return layout, tiles
 
     def _stage_counts(self) -> tuple[int, ...]:
         """Stage counts every candidate is first scheduled at: the middle of the search's (the two best
