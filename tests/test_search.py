@@ -266,3 +266,25 @@ def test_token_time_balances_tokens_for_training_steps():
     steps = dcp.plan(spec, cluster, dcp.PlannerConfig(search=dcp.SearchConfig(token_time_s=2e-6), **FAST))
     tokens = lambda p: np.bincount(p.home, weights=p.layout.tb_len, minlength=8).max()  # noqa: E731
     assert tokens(steps) <= tokens(plain)
+
+
+def test_popular_key_positions_get_their_own_block():
+    """A lambda mask's 64-token sink is read by every query: a split cuts a block boundary there."""
+    from dcp.pack import popular_boundaries
+
+    ranges = M.LambdaMask(64, 512).kv_ranges(4096)
+    assert 64 in popular_boundaries(ranges).tolist()
+    assert popular_boundaries(M.CausalMask().kv_ranges(4096)).size == 0
+    cuts, owner = zigzag_cuts(ranges, np.arange(4), np.full(4, 0.25), block_size=1024)
+    assert 64 in cuts.tolist()
+    # sliding-window work is even along the sequence: contiguous chunks, one per member
+    assert (np.diff(owner) >= 0).all() and sorted(set(owner.tolist())) == [0, 1, 2, 3]
+
+
+def test_hypergraph_candidate_coarsens_blocks_on_big_batches():
+    spec = dcp.BatchSpec([40000], M.CausalMask(), 8, 2, 128)
+    cfg = dcp.PlannerConfig(search=dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, hypergraph_max_tiles=500),
+                            **FAST)
+    plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
+    assert plan.tiles.n_tiles <= 500 < dcp.plan(spec, dcp.Cluster(1, 4), dcp.PlannerConfig(
+        search=dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, hypergraph_max_tiles=0), **FAST)).tiles.n_tiles
