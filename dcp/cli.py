@@ -1,6 +1,6 @@
 """Command line: ``dcp plan`` (plan one batch, print its statistics) and ``dcp demo``.
 
-Planner and partitioner names map to typed objects here, and only here.
+Planner names map to typed objects here, and only here (partitioner names: ``dcp.partition.named_partitioner``).
 """
 from __future__ import annotations
 
@@ -14,25 +14,18 @@ import warnings
 import numpy as np
 
 from dcp.cluster import Cluster
-from dcp.config import PlannerConfig
+from dcp.config import OBJECTIVES, PlannerConfig, SearchConfig
 from dcp.errors import DcpError
+from dcp.partition import PARTITIONER_NAMES, named_partitioner
 from dcp.report import print_table, progress
 from dcp.spec import BatchSpec
 
-PARTITIONERS = ("mtkahypar", "kahypar", "greedy")
 PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
-SEARCH_PLANNERS = ("dcp_auto",)  # dcp at its best block size, or a static plan when that simulates faster
+SEARCH_PLANNERS = ("dcp_auto",)  # dcp's plan, or a static plan when that simulates faster
 #: PlannerConfig's defaults, so that the flags never drift from the library
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlannerConfig)
                    if f.default is not dataclasses.MISSING}
 DATASET_FLAGS = ("dataset", "scale", "tokens", "batch_index")  # choose a synthetic batch (or a file's)
-
-
-def make_partitioner(name: str, threads: int = 0):
-    from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
-
-    return {"mtkahypar": lambda: MtKaHyParPartitioner(threads=threads),
-            "kahypar": KaHyParPartitioner, "greedy": GreedyPartitioner}[name]()
 
 
 def make_planner(name: str, config: PlannerConfig):
@@ -140,8 +133,15 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--nodes", type=int, default=4, help="machines of the cluster")
     c.add_argument("--gpus-per-node", type=int, default=8, help="devices per machine")
     c.add_argument("--block-size", type=int, default=CONFIG_DEFAULTS["block_size"], help="tokens per token block")
-    c.add_argument("--head-block-size", type=int, default=None, help="query heads per head block (default: all)")
-    c.add_argument("--partitioner", default="mtkahypar", choices=PARTITIONERS, help="hypergraph partitioner of dcp")
+    c.add_argument("--head-block-size", type=int, default=None,
+                   help="query heads per head block (default: packings keep all heads together, the hypergraph "
+                        "cuts them into two KV groups)")
+    c.add_argument("--partitioner", default="quality", choices=PARTITIONER_NAMES + ("mtkahypar",),
+                   help="hypergraph partitioner of dcp (quality: Mt-KaHyPar deterministic_quality, the default; "
+                        "deterministic; fast: Mt-KaHyPar's default preset, varies run to run, alias mtkahypar; "
+                        "kahypar; greedy)")
+    c.add_argument("--objective", default="time", choices=OBJECTIVES,
+                   help="what dcp's search minimizes: estimated time, or bytes within the tolerances (the paper's)")
     c.add_argument("--epsilon-intra", type=float, default=CONFIG_DEFAULTS["epsilon_intra"],
                    help="compute imbalance allowed between the GPUs of a node")
     c.add_argument("--epsilon-inter", type=float, default=CONFIG_DEFAULTS["epsilon_inter"],
@@ -149,8 +149,8 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--epsilon-memory", type=float, default=CONFIG_DEFAULTS["epsilon_memory"],
                    help="resident-token imbalance allowed at each level")
     c.add_argument("--time-budget", type=_time_budget, default=CONFIG_DEFAULTS["time_budget_s"], metavar="SECONDS",
-                   help="partitioning time limit per plan ('none': no limit); past it the planner falls back to "
-                        "the greedy partitioner and says so")
+                   help="partitioning time limit per plan ('none': no limit); past it the hypergraph candidate is "
+                        "dropped (the packings stand) and the plan says so")
     c.add_argument("--profile", default="a100", help="cost-model GPU profile: a100, h100, h200 or a .json path")
     c.add_argument("--no-two-phase", action="store_true", help="no node-level relay/merge of transfers")
 
@@ -159,10 +159,10 @@ def _config(args) -> PlannerConfig:
     from dcp.cost import CostModel
 
     return PlannerConfig(block_size=args.block_size, head_block_size=args.head_block_size,
-                         partitioner=make_partitioner(args.partitioner), epsilon_intra=args.epsilon_intra,
+                         partitioner=named_partitioner(args.partitioner), epsilon_intra=args.epsilon_intra,
                          epsilon_inter=args.epsilon_inter, epsilon_memory=args.epsilon_memory, seed=args.seed,
                          two_phase=not args.no_two_phase, time_budget_s=args.time_budget,
-                         cost_model=CostModel.named(args.profile))
+                         cost_model=CostModel.named(args.profile), search=SearchConfig(objective=args.objective))
 
 
 def _spec(args) -> BatchSpec:
