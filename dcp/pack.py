@@ -8,9 +8,9 @@ restrictions (power-of-two groups, aligned device ranges, 2·cp equal chunks, on
 1. **Groups** (``_assign_groups``). Sequences go in decreasing order of work (the planner gives each
    sequence's modelled compute time run whole, plus its tokens' non-attention work when it scores it).
    One that fits on a device — work within the compute cap ``(1 + epsilon) · mean`` and tokens within
-   the memory cap — goes whole to the least-loaded device with room: no communication at all (one that
-   would fit an empty device goes whole to the least loaded even when the caps are used up). One that
-   fits nowhere is split over the fewest devices whose room (in work, counting that a member's part
+   the memory cap — goes whole to the least-loaded device with room: no communication at all (when the
+   caps are used up, one that would fit an empty device goes whole to the least loaded, unless the
+   search scores tokens: see ``overfill_whole``). One that fits nowhere is split over the fewest devices whose room (in work, counting that a member's part
    runs slower than the whole, and in tokens) adds up to it: inside the node with the most room when
    that node suffices (NVLink only), else over the nodes with the most room; each member's *share* is
    its room. When the room runs out the sequence is water-filled over the least loaded devices. The
@@ -62,14 +62,17 @@ def sequence_areas(spec: BatchSpec) -> np.ndarray:
 
 def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None, epsilon: float,
          epsilon_memory: float, weights: np.ndarray | None = None, half_extent: float = 0.0,
-         token_share: np.ndarray | None = None) -> Packing:
+         token_share: np.ndarray | None = None, overfill_whole: bool = True) -> Packing:
     """The packing placement of the module docstring. ``weights``: the work of every sequence (default
     its mask's area; the planner gives its modelled compute time, in which short sequences weigh more
     than their FLOPs because small kernels run below peak). ``half_extent``: the query extent at which
     kernels run at half speed (the cost profile's ``half_rows``): a member holding a share of a split
     sequence runs its part on fewer query rows than the whole, so its load counts that slow-down.
     ``token_share[s]``: the part of sequence s's weight that scales with its tokens rather than with its
-    mask's work (the non-attention layers); a split follows that mix."""
+    mask's work (the non-attention layers); a split follows that mix. ``overfill_whole``: a sequence
+    that would fit an empty device but finds the caps used up goes whole to the least loaded device
+    (no communication; right when only attention is scored), else it is split like a long one
+    (better when the device with the most tokens sets the step's non-attention time)."""
     n_dev = cluster.n_devices
     seq_w = sequence_areas(spec) if weights is None else np.asarray(weights, float)
     seq_t = np.asarray(spec.seqlens, float)
@@ -79,7 +82,7 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
     total = seq_w.sum()
     for _ in range(2):
         groups, shares, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev, cap_t,
-                                              half_extent)
+                                              half_extent, overfill_whole)
         if load.sum() <= total * (1 + 1e-6):
             break
         total = load.sum()
@@ -87,7 +90,7 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
 
 
 def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluster: Cluster, cap_w: float,
-                   cap_t: float, half_extent: float):
+                   cap_t: float, half_extent: float, overfill_whole: bool = True):
     """(group, shares) of every sequence and the device loads, greedily (module docstring, step 1)."""
     n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
     load, tokens = np.zeros(n_dev), np.zeros(n_dev)
@@ -96,8 +99,8 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
     for s in np.lexsort((np.arange(spec.num_seqs), -seq_t, -seq_w)).tolist():
         w, t = float(seq_w[s]), float(seq_t[s])
         room = (load + w <= cap_w * (1 + 1e-9)) & (tokens + t <= cap_t * (1 + 1e-9))
-        small = (w <= cap_w * (1 + 1e-9) and t <= cap_t * (1 + 1e-9)) or spec.seqlens[s] <= MIN_SPLIT_BLOCK
-        if room.any() or small:  # whole; when the caps are used up, on the least loaded device anyway
+        fits_empty = w <= cap_w * (1 + 1e-9) and t <= cap_t * (1 + 1e-9)
+        if room.any() or spec.seqlens[s] <= 2 * MIN_SPLIT_BLOCK or (overfill_whole and fits_empty):
             cand = np.flatnonzero(room) if room.any() else np.arange(n_dev)
             d = int(cand[np.lexsort((cand, tokens[cand], load[cand]))[0]])
             groups[s] = (d,)

@@ -179,23 +179,28 @@ class DCPPlanner(Planner):
         groups: dict = {}
         token_s = search.token_time_s if search.objective == "time" else 0.0
         aligned = search.aligned_groups and search.objective == "time"
-        weights = token_part = None
-        if epsilons or aligned:  # a sequence's attention, plus its tokens' non-attention work when scored
+        attention = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) if epsilons or aligned else None
+        # what a packing balances: each sequence's attention; when the search scores the tokens' own work
+        # too, also attention + that work as one weight (a step pays the larger of two maxima, which
+        # neither weighting alone tracks), each with memory held to the tolerance
+        weightings = [("", attention, None)]
+        if token_s > 0 and attention is not None:
             token_work = token_s * np.asarray(spec.seqlens, dtype=float)
-            weights = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs) + token_work
-            token_part = token_work / np.maximum(weights, 1e-300)
-        for eps in epsilons:
-            # memory may follow the compute tolerance, unless the tokens' own work is scored: then the
-            # tolerance tightens memory too (the linear layers wait for the device with the most tokens)
-            mem_eps = min(eps, cfg.epsilon_memory) if token_s > 0 else cfg.epsilon_memory + eps
-            pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, mem_eps, weights,
-                      cfg.cost_model.profile.half_rows, token_part)
-            if any(same_placement(c, pk.layout, pk.home) for c in out):
-                continue
-            label = f"pack(eps={eps:g})"
-            out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
-                                cfg.cost_model, self._stage_counts(), cfg.two_phase))
-            groups[label] = (pk.groups, weights)
+            weightings.append((",tokens", attention + token_work, token_work / np.maximum(attention + token_work, 1e-300)))
+        weights, token_part = weightings[-1][1], weightings[-1][2]
+        for suffix, w, part in weightings:
+            for eps in epsilons:
+                # memory may follow the compute tolerance, unless the tokens' own work is scored: then
+                # the tolerance tightens memory too (the linear layers wait for the device with the most)
+                mem_eps = min(eps, cfg.epsilon_memory) if token_s > 0 else cfg.epsilon_memory + eps
+                pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, mem_eps, w,
+                          cfg.cost_model.profile.half_rows, part, overfill_whole=token_s == 0)
+                if any(same_placement(c, pk.layout, pk.home) for c in out):
+                    continue
+                label = f"pack(eps={eps:g}{suffix})"
+                out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
+                                    cfg.cost_model, self._stage_counts(), cfg.two_phase))
+                groups[label] = (pk.groups, w)
         if aligned:
             pk = pack_aligned(spec, cluster, cfg.block_size, cfg.head_block_size, weights, token_part)
             if not any(same_placement(c, pk.layout, pk.home) for c in out):
