@@ -3,29 +3,61 @@
 A mask_mod is a callable ``fn(q_idx, kv_idx) -> bool array`` (or FlexAttention's four-argument form
 ``fn(b, h, q_idx, kv_idx)``; ``b`` and ``h`` are passed as 0, and since a dcp mask is shared by every
 head, sample rows are also evaluated at other ``b`` / ``h`` and a predicate that depends on them is
-refused with ``InvalidMaskError``) that works elementwise on broadcast integer
-arrays: ``q_idx`` has shape ``[rows, 1]`` and ``kv_idx`` shape ``[1, L]``. It is evaluated densely, a chunk
-of query rows at a time (so memory stays bounded, about 16M elements per chunk), which costs O(L^2)
-time: fine for tests and moderate lengths, prefer a dedicated mask class for very long sequences.
+refused with ``InvalidMaskError``) that works elementwise on broadcast integer arrays.
+
+Three ways to evaluate it (``method``):
+
+- ``"dense"`` — the reference: every (q, kv) pair, ``q_idx [rows, 1]`` against ``kv_idx [1, L]`` in row
+  chunks of about 16M pairs, encoded by ``dense_to_ranges``. O(L^2) time; kept as the oracle.
+- ``"blocks"`` — FlexAttention-style block masks, exact: blocks of pairs are classified full / empty /
+  partial by evaluating the mask_mod once on *bounds* of its index arrays (``dcp.masks.bounds``), partial
+  blocks are split down to 16 x 16 leaves, and only the pairs of partial leaves are evaluated on concrete
+  indices (``dcp.masks.mask_mod_blocks``). Raises ``InvalidMaskError`` if the bounds cannot follow the
+  mask_mod (e.g. it looks up a NumPy array: use a torch tensor for lookup tables).
+- ``"auto"`` (default) — ``"blocks"``, or, where the bounds cannot follow the mask_mod, every pair
+  evaluated in row chunks with a transition encoder into reused buffers (a warning says why when the
+  sequence is long).
+
+**Exactness.** All three give the same KV ranges for every mask_mod that is a pure function of its
+index values (no state, no dependence on whether it is handed NumPy arrays, torch tensors or dcp's
+bounds objects). ``"blocks"`` skips a block only when interval bounds, computed operation by operation
+with rules that each contain every value the operation can take (integer results checked not to wrap in
+their dtype), prove the predicate constant on *every* pair of the block — corners or samples are never
+taken as evidence. Whatever the bounds cannot follow (floats, Python branches on traced values, NumPy
+lookups, shape queries, a possibly out-of-range lookup index, ...) is evaluated exactly.
 
 ``from_mask_mod`` materializes the predicate for one length into a ``RangesMask`` (serializable);
-``MaskModMask`` keeps the callable and evaluates it lazily for any length.
+``MaskModMask`` keeps the callable and evaluates it lazily for any length. Results are cached by
+(function, length, options, closure contents) — see ``dcp.masks.mask_mod_cache``; ``cache=False`` for a
+predicate that reads mutable global state.
+
+``device``: concrete evaluations (partial leaves, the dense fallback) can run on a torch accelerator
+(``"cuda"``, or ``"auto"``: CUDA when available) with transitions found there; the default is the CPU, so
+that a planner process never opens a CUDA context by surprise. The accelerator path has not run on a GPU
+in dcp's CI (it is tested with torch CPU tensors through the same code).
 """
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from dcp.errors import InvalidMaskError
+from dcp.masks import mask_mod_cache
 from dcp.masks.base import Mask, check_int, check_seqlen, dense_to_ranges
+from dcp.masks.bounds import Refused
+from dcp.masks.mask_mod_blocks import BlockEvaluator, BlockStats, dense_ranges
 from dcp.masks.ranges import RangesMask
 
 #: default bound on the number of (query, key) pairs evaluated at once
 CHUNK_ELEMENTS = 1 << 24
 BACKENDS = ("auto", "numpy", "torch")
+METHODS = ("auto", "blocks", "dense")
+#: "auto" warns when it must evaluate every pair of a sequence at least this long
+WARN_DENSE_SEQLEN = 8192
 
 
 def _num_args(fn: Callable) -> int:
@@ -38,21 +70,21 @@ def _num_args(fn: Callable) -> int:
     return 4 if len(required) == 4 else 2
 
 
-def _call(fn: Callable, nargs: int, backend: str, q_start: int, q_stop: int, seqlen: int,
-          rows: np.ndarray | None = None, b: int = 0, h: int = 0) -> np.ndarray:
-    """``fn`` on query rows ``q_start:q_stop`` (or the given ``rows``) against every key: bool ``[rows, L]``."""
-    q_rows = np.arange(q_start, q_stop, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+def _call(fn: Callable, nargs: int, backend: str, q_idx: np.ndarray, kv_idx: np.ndarray, b: int = 0, h: int = 0,
+          device: Any = None) -> Any:
+    """``fn`` on int64 index arrays ``q_idx`` / ``kv_idx`` (broadcastable, e.g. ``[rows, 1]`` and ``[1, L]``):
+    a bool NumPy array of their broadcast shape, or a torch bool tensor when ``device`` (a torch device)."""
+    shape = np.broadcast_shapes(q_idx.shape, kv_idx.shape)
     if backend == "torch":
         import torch
 
-        q_idx = torch.from_numpy(q_rows)[:, None]
-        kv_idx = torch.arange(seqlen, dtype=torch.int64)[None, :]
-        bb, hh = torch.tensor(b, dtype=torch.int64), torch.tensor(h, dtype=torch.int64)
+        q, kv = torch.from_numpy(q_idx).to(device or "cpu"), torch.from_numpy(kv_idx).to(device or "cpu")
+        bb, hh = (torch.tensor(x, dtype=torch.int64, device=device or "cpu") for x in (b, h))
     else:
-        q_idx = q_rows[:, None]
-        kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
-        bb, hh = np.int64(b), np.int64(h)
-    out = fn(bb, hh, q_idx, kv_idx) if nargs == 4 else fn(q_idx, kv_idx)
+        q, kv, bb, hh = q_idx, kv_idx, np.int64(b), np.int64(h)
+    out = fn(bb, hh, q, kv) if nargs == 4 else fn(q, kv)
+    if device is not None:
+        return _on_device(out, shape, device)
     if hasattr(out, "detach"):  # torch tensor
         out = out.detach().cpu().numpy()
     out = np.asarray(out)
@@ -61,10 +93,80 @@ def _call(fn: Callable, nargs: int, backend: str, q_start: int, q_stop: int, seq
             raise InvalidMaskError(f"mask_mod must return a boolean array, got dtype {out.dtype}")
         out = out != 0
     try:
-        return np.broadcast_to(out, (q_rows.size, seqlen))
+        return np.broadcast_to(out, shape)
     except ValueError:
         raise InvalidMaskError(f"mask_mod returned shape {out.shape}, which does not broadcast to "
-                               f"[{q_rows.size}, {seqlen}]") from None
+                               f"{list(shape)}") from None
+
+
+def _on_device(out: Any, shape: tuple, device: Any) -> Any:
+    import torch
+
+    out = torch.as_tensor(out, device=device)
+    if out.dtype != torch.bool:
+        if out.is_floating_point() or out.is_complex():
+            raise InvalidMaskError(f"mask_mod must return a boolean array, got dtype {out.dtype}")
+        out = out != 0
+    try:
+        return out.expand(shape)
+    except RuntimeError:
+        raise InvalidMaskError(f"mask_mod returned shape {tuple(out.shape)}, which does not broadcast to "
+                               f"{list(shape)}") from None
+
+
+class ConcreteMaskMod:
+    """A mask_mod on concrete index arrays, with its backend resolved on the first call ("auto": NumPy,
+    else torch for torch-only predicates) and kept; failures become ``InvalidMaskError``.
+
+    Called as ``(q_idx, kv_idx)``; returns what ``_call`` returns: a torch bool tensor on ``device`` when
+    one is given and the mask_mod runs there, else a NumPy bool array. A mask_mod that fails on the
+    device at its first call (NumPy-only code, lookup tables on another device) runs on the CPU instead.
+    """
+
+    def __init__(self, fn: Callable, nargs: int, backend: str, device: Any = None):
+        self.fn, self.nargs, self.device = fn, nargs, device
+        self.backend = backend
+        self.calls = 0
+
+    def __call__(self, q_idx: np.ndarray, kv_idx: np.ndarray) -> Any:
+        self.calls += 1
+        if self.device is not None:
+            try:
+                return _call(self.fn, self.nargs, "torch", q_idx, kv_idx, device=self.device)
+            except InvalidMaskError:
+                raise
+            except Exception:
+                if self.calls > 1:
+                    raise
+                self.device = None  # not runnable on the device: the CPU backends below decide
+        if self.backend != "auto":
+            try:
+                return _call(self.fn, self.nargs, self.backend, q_idx, kv_idx)
+            except InvalidMaskError:
+                raise
+            except Exception as exc:
+                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on {self.backend} index arrays: {exc!r}") from exc
+        try:  # numpy first; fall back to torch for torch-only predicates
+            out = _call(self.fn, self.nargs, "numpy", q_idx, kv_idx)
+            self.backend = "numpy"
+            return out
+        except InvalidMaskError:
+            raise
+        except Exception as numpy_exc:
+            try:
+                out = _call(self.fn, self.nargs, "torch", q_idx, kv_idx)
+                self.backend = "torch"
+                return out
+            except InvalidMaskError:
+                raise
+            except Exception:
+                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on index arrays: {numpy_exc!r}") from numpy_exc
+
+    def at(self, q_idx: np.ndarray, kv_idx: np.ndarray, b: int, h: int) -> np.ndarray:
+        """At batch ``b``, head ``h`` with the resolved backend, as a NumPy array; exceptions unwrapped."""
+        backend = "torch" if self.device is not None else "numpy" if self.backend == "auto" else self.backend
+        out = _call(self.fn, self.nargs, backend, q_idx, kv_idx, b, h, self.device)
+        return out.cpu().numpy() if hasattr(out, "cpu") else out
 
 
 #: (batch, head) indices a four-argument mask_mod is also evaluated at, on sample rows
@@ -72,14 +174,17 @@ OTHER_BATCH_HEADS = ((0, 1), (0, 2), (0, 3), (0, 7), (1, 0), (2, 0))
 SAMPLE_ROWS = 16
 
 
-def _check_shared_by_heads(fn: Callable, backend: str, seqlen: int) -> None:
+def _check_shared_by_heads(concrete: ConcreteMaskMod, seqlen: int) -> None:
     """A dcp mask is one per sequence, shared by every head and batch entry; FlexAttention's mask_mod may
     depend on ``b`` and ``h``. Evaluate sample rows at other (b, h) and refuse a predicate that changes."""
-    rows = np.unique(np.linspace(0, seqlen - 1, min(seqlen, SAMPLE_ROWS)).astype(np.int64))
-    base = _call(fn, 4, backend, 0, 0, seqlen, rows)
+    fn = concrete.fn
+    rows = np.unique(np.linspace(0, seqlen - 1, min(seqlen, SAMPLE_ROWS)).astype(np.int64))[:, None]
+    kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
+    concrete(rows, kv_idx)  # resolves the backend ("auto"), raising InvalidMaskError if it fails at b = h = 0
+    base = concrete.at(rows, kv_idx, 0, 0)
     for b, h in OTHER_BATCH_HEADS:
         try:
-            other = _call(fn, 4, backend, 0, 0, seqlen, rows, b, h)
+            other = concrete.at(rows, kv_idx, b, h)
         except InvalidMaskError:
             raise
         except Exception as exc:
@@ -90,47 +195,19 @@ def _check_shared_by_heads(fn: Callable, backend: str, seqlen: int) -> None:
             which, fix = (("head index h", "dcp cannot mask heads differently") if b == 0 else
                           ("batch index b", "give each sequence its own mask instead"))
             raise InvalidMaskError(
-                f"mask_mod {getattr(fn, '__qualname__', fn)!r} depends on the {which}: query row {int(rows[diff[0]])} "
+                f"mask_mod {getattr(fn, '__qualname__', fn)!r} depends on the {which}: query row {int(rows[diff[0], 0])} "
                 f"attends different keys at b={b}, h={h} than at b=0, h=0. A dcp mask is one per sequence, shared "
                 f"by every head ({fix})")
 
 
-def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto") -> np.ndarray:
-    """Evaluate ``fn`` densely in row chunks and return its KV ranges ``[seqlen, R, 2]`` (int32)."""
-    seqlen = check_seqlen(seqlen)
-    if not callable(fn):
-        raise InvalidMaskError(f"mask_mod must be callable, got {fn!r}")
-    if backend not in BACKENDS:
-        raise InvalidMaskError(f"mask_mod backend must be one of {BACKENDS}, got {backend!r}")
-    rows = max(1, CHUNK_ELEMENTS // seqlen) if chunk is None else check_int(chunk, "mask_mod: chunk", 1)
-    nargs = _num_args(fn)
+def _reference_ranges(concrete: ConcreteMaskMod, seqlen: int, rows: int) -> np.ndarray:
+    """The dense reference: every pair, row chunks of ``rows``, ``dense_to_ranges`` per chunk."""
     pieces = []
+    kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
     for q_start in range(0, seqlen, rows):
-        q_stop = min(seqlen, q_start + rows)
-        if backend == "auto":  # numpy first; fall back to torch for torch-only predicates
-            try:
-                allowed = _call(fn, nargs, "numpy", q_start, q_stop, seqlen)
-                backend = "numpy"
-            except InvalidMaskError:
-                raise
-            except Exception as numpy_exc:
-                try:
-                    allowed = _call(fn, nargs, "torch", q_start, q_stop, seqlen)
-                    backend = "torch"
-                except InvalidMaskError:
-                    raise
-                except Exception:
-                    raise InvalidMaskError(f"mask_mod {fn!r} failed on index arrays: {numpy_exc!r}") from numpy_exc
-        else:
-            try:
-                allowed = _call(fn, nargs, backend, q_start, q_stop, seqlen)
-            except InvalidMaskError:
-                raise
-            except Exception as exc:
-                raise InvalidMaskError(f"mask_mod {fn!r} failed on {backend} index arrays: {exc!r}") from exc
-        pieces.append(dense_to_ranges(allowed))
-    if nargs == 4:
-        _check_shared_by_heads(fn, backend, seqlen)
+        q_idx = np.arange(q_start, min(seqlen, q_start + rows), dtype=np.int64)[:, None]
+        allowed = concrete(q_idx, kv_idx)
+        pieces.append(dense_to_ranges(allowed.cpu().numpy() if hasattr(allowed, "cpu") else allowed))
     max_r = max(p.shape[1] for p in pieces)
     out = np.zeros((seqlen, max_r, 2), dtype=np.int32)
     row = 0
@@ -140,19 +217,94 @@ def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend
     return out
 
 
-def from_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto") -> RangesMask:
+def _resolve_device(device: Any) -> Any:
+    """None for the NumPy/CPU path ("cpu", None, or "auto" without CUDA), else the torch device that
+    concrete evaluations run on (a ``torch.device`` object, even ``torch.device("cpu")``, selects this
+    torch path: that is how the accelerator code is tested without one)."""
+    if device is None or (isinstance(device, str) and device == "cpu"):
+        return None
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidMaskError(f"mask_mod: device must be 'cpu', 'auto' or a torch device, got {device!r}") from exc
+
+
+def evaluate_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
+                      method: str = "auto", device: Any = "cpu", leaf: int = 16
+                      ) -> tuple[np.ndarray, BlockStats]:
+    """KV ranges ``[seqlen, R, 2]`` (int32) of ``fn`` and what the evaluation did (uncached)."""
+    seqlen = check_seqlen(seqlen)
+    if not callable(fn):
+        raise InvalidMaskError(f"mask_mod must be callable, got {fn!r}")
+    if backend not in BACKENDS:
+        raise InvalidMaskError(f"mask_mod backend must be one of {BACKENDS}, got {backend!r}")
+    if method not in METHODS:
+        raise InvalidMaskError(f"mask_mod method must be one of {METHODS}, got {method!r}")
+    rows = max(1, CHUNK_ELEMENTS // seqlen) if chunk is None else check_int(chunk, "mask_mod: chunk", 1)
+    leaf = check_int(leaf, "mask_mod: leaf", 1)
+    if leaf & (leaf - 1):
+        raise InvalidMaskError(f"mask_mod: leaf must be a power of two, got {leaf}")
+    nargs = _num_args(fn)
+    torch_device = _resolve_device(device)
+    concrete = ConcreteMaskMod(fn, nargs, backend, torch_device)
+    if nargs == 4:
+        _check_shared_by_heads(concrete, seqlen)
+    stats = BlockStats(seqlen=seqlen, leaf=leaf)
+    if method == "dense":
+        stats.exact_pairs = seqlen * seqlen
+        return _reference_ranges(concrete, seqlen, rows), stats
+    blocks = BlockEvaluator(fn, nargs, seqlen, concrete, leaf=leaf)
+    try:
+        return blocks.ranges(), blocks.stats
+    except Refused as why:
+        if method == "blocks":
+            raise InvalidMaskError(f"mask_mod {getattr(fn, '__qualname__', fn)!r} cannot be evaluated blockwise: "
+                                   f"{why} (see dcp.masks.bounds for what can)") from None
+        stats.fallback = str(why)
+    if seqlen >= WARN_DENSE_SEQLEN:
+        warnings.warn(f"mask_mod {getattr(fn, '__qualname__', fn)!r}: evaluating all {seqlen}^2 (q, kv) pairs, "
+                      f"since its blocks cannot be bounded ({stats.fallback}); see dcp.masks.bounds for what "
+                      "can (e.g. lookups in torch tensors rather than NumPy arrays)", stacklevel=3)
+    return dense_ranges(concrete, seqlen, chunk_elements=rows * seqlen, stats=stats), stats
+
+
+def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
+                    method: str = "auto", device: Any = "cpu", leaf: int = 16,
+                    cache: bool = True) -> np.ndarray:
+    """KV ranges ``[seqlen, R, 2]`` (int32) of the predicate ``fn`` (see the module docstring)."""
+    options = (check_seqlen(seqlen), chunk, backend, method, str(device), leaf)
+    if cache and callable(fn):
+        hit = mask_mod_cache.lookup(fn, options)
+        if hit is not None:
+            return hit
+    ranges, _ = evaluate_mask_mod(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device,
+                                  leaf=leaf)
+    if cache:
+        mask_mod_cache.store(fn, options, ranges)
+    return ranges
+
+
+def from_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
+                  method: str = "auto", device: Any = "cpu", cache: bool = True) -> RangesMask:
     """Materialize the predicate ``fn(q_idx, kv_idx)`` for a ``seqlen``-token sequence as a RangesMask.
 
-    ``chunk`` is the number of query rows evaluated at once (default: ``2**24 // seqlen``); ``backend``
-    picks the index array type: "numpy", "torch", or "auto" (numpy, falling back to torch if the predicate
-    raises on numpy arrays).
+    ``chunk`` is the number of query rows the dense paths evaluate at once (default: ``2**24 // seqlen``);
+    ``backend`` picks the index array type: "numpy", "torch", or "auto" (numpy, falling back to torch if
+    the predicate raises on numpy arrays); ``method``, ``device`` and ``cache``: see the module docstring.
     """
-    return RangesMask(mask_mod_ranges(fn, seqlen, chunk=chunk, backend=backend))
+    return RangesMask(mask_mod_ranges(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device,
+                                      cache=cache))
 
 
 @dataclass(frozen=True)
 class MaskModMask(Mask):
-    """A mask given by a mask_mod callable, evaluated lazily (densely, O(L^2)) for any length.
+    """A mask given by a mask_mod callable, evaluated lazily for any length (blockwise, cached).
 
     ``name`` is a free label (the family name of this class is still ``"mask_mod"``). Equality and hashing
     use the callable's identity. ``describe()`` records the callable's qualified name for information
@@ -162,6 +314,9 @@ class MaskModMask(Mask):
     fn: Callable
     name: str = "mask_mod"
     backend: str = "auto"
+    method: str = "auto"
+    device: Any = "cpu"
+    cache: bool = True
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -170,10 +325,14 @@ class MaskModMask(Mask):
             raise InvalidMaskError(f"mask_mod: name must be a non-empty string, got {self.name!r}")
         if self.backend not in BACKENDS:
             raise InvalidMaskError(f"mask_mod: backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.method not in METHODS:
+            raise InvalidMaskError(f"mask_mod: method must be one of {METHODS}, got {self.method!r}")
 
     def describe(self) -> dict:
         fn_name = f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}"
-        return {"name": "mask_mod", "label": self.name, "fn": fn_name, "backend": self.backend}
+        return {"name": "mask_mod", "label": self.name, "fn": fn_name, "backend": self.backend,
+                "method": self.method}
 
     def kv_ranges(self, seqlen: int) -> np.ndarray:
-        return mask_mod_ranges(self.fn, seqlen, backend=self.backend)
+        return mask_mod_ranges(self.fn, seqlen, backend=self.backend, method=self.method, device=self.device,
+                               cache=self.cache)

@@ -1,0 +1,134 @@
+"""Cache of mask_mod results by (function identity, length, options, closure contents).
+
+A ``MaskModMask`` is evaluated for every new ``BatchSpec`` that holds it; the KV ranges of a given
+predicate and length do not change, so they are kept here. The key is the function object itself (held
+by weak reference where the callable allows it, so that caching never keeps a closure and its tables
+alive), the length and the evaluation options, plus a *fingerprint* of what the function closes over:
+the contents (hashed bytes) of NumPy arrays and torch tensors and the values of scalars found in its
+closure cells, defaults and ``functools.partial`` arguments, recursively through nested functions (four
+levels). So rebuilding a document mask_mod with new document ids, or mutating a captured tensor in place,
+misses the cache. What the fingerprint cannot see — module globals the function reads, attributes of
+other captured objects (held by identity only) — must not change under a cached function; pass
+``cache=False`` for such predicates.
+
+At most ``MAX_BYTES`` of ranges are kept (least recently used first out); entries go with their function.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
+
+import numpy as np
+
+MAX_BYTES = 256 << 20
+MAX_DEPTH = 4
+
+_lock = threading.Lock()
+_entries: OrderedDict[tuple, tuple[Any, tuple, np.ndarray]] = OrderedDict()
+_bytes = 0
+
+
+def _array_key(data: bytes, shape: tuple, dtype: str) -> tuple:
+    return ("array", shape, dtype, hashlib.blake2b(data, digest_size=16).digest())
+
+
+def _value_key(x: Any, depth: int) -> Hashable:
+    if x is None or isinstance(x, (bool, int, float, complex, str, bytes)):
+        return (type(x).__name__, x)
+    if isinstance(x, np.generic):
+        return ("scalar", x.dtype.str, x.item())
+    if isinstance(x, np.ndarray):
+        return _array_key(np.ascontiguousarray(x).tobytes(), x.shape, x.dtype.str)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        flat = x.detach().reshape(-1).contiguous().cpu()
+        return _array_key(flat.view(torch.uint8).numpy().tobytes(), tuple(x.shape), str(x.dtype))
+    if isinstance(x, (tuple, list)) and len(x) <= 256 and depth < MAX_DEPTH:
+        return (type(x).__name__, tuple(_value_key(v, depth + 1) for v in x))
+    if callable(x) and depth < MAX_DEPTH:
+        return ("callable", id(x), fingerprint(x, depth + 1))
+    return ("object", id(x))  # identity only (see the module docstring)
+
+
+def fingerprint(fn: Callable, depth: int = 0) -> tuple:
+    """What ``fn``'s values depend on besides its code: its closure, defaults and partial arguments."""
+    if isinstance(fn, functools.partial):
+        items = [fn.func, *fn.args, *sorted(fn.keywords.items())]
+    else:
+        items = []
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                items.append(cell.cell_contents)
+            except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+                items.append(None)
+        items += list(getattr(fn, "__defaults__", None) or ())
+        items += sorted((getattr(fn, "__kwdefaults__", None) or {}).items())
+    return tuple(_value_key(x, depth) for x in items)
+
+
+def _ref(fn: Callable) -> Any:
+    try:
+        return weakref.ref(fn, lambda _ref, key=id(fn): _forget(key))
+    except TypeError:  # not weakly referenceable: hold it (its entries then live until evicted)
+        return fn
+
+
+def _alive(ref: Any) -> Any:
+    return ref() if isinstance(ref, weakref.ref) else ref
+
+
+def _forget(fn_id: int) -> None:
+    global _bytes
+    with _lock:
+        for key in [k for k in _entries if k[0] == fn_id]:
+            _bytes -= _entries.pop(key)[2].nbytes
+
+
+def lookup(fn: Callable, options: tuple) -> np.ndarray | None:
+    """The cached ranges of ``fn`` under ``options`` (a copy), or None."""
+    key = (id(fn), options)
+    with _lock:
+        hit = _entries.get(key)
+        if hit is None or _alive(hit[0]) is not fn:
+            return None
+    if hit[1] != fingerprint(fn):
+        return None
+    with _lock:
+        if key in _entries:
+            _entries.move_to_end(key)
+    return hit[2].copy()
+
+
+def store(fn: Callable, options: tuple, ranges: np.ndarray) -> None:
+    """Keep ``ranges`` (copied, read-only) for ``fn`` under ``options``."""
+    global _bytes
+    kept = np.array(ranges, copy=True)
+    kept.setflags(write=False)
+    entry = (_ref(fn), fingerprint(fn), kept)
+    key = (id(fn), options)
+    with _lock:
+        old = _entries.pop(key, None)
+        if old is not None:
+            _bytes -= old[2].nbytes
+        _entries[key] = entry
+        _bytes += kept.nbytes
+        while _bytes > MAX_BYTES and len(_entries) > 1:
+            _bytes -= _entries.popitem(last=False)[1][2].nbytes
+
+
+def clear() -> None:
+    """Drop every cached result."""
+    global _bytes
+    with _lock:
+        _entries.clear()
+        _bytes = 0
+
+
+def cached_count() -> int:
+    with _lock:
+        return len(_entries)
