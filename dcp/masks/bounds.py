@@ -195,7 +195,8 @@ class IntBounds(Bounds):
         # exact for a constant (e.g. FlexAttention's b or h indexing a NumPy table); refused otherwise
         if np.ndim(self.lo) == 0 and self.lo == self.hi:
             return int(self.lo)
-        self.trace.refuse("a traced value used as a Python index")
+        self.trace.refuse("a traced value used as an index of a NumPy array or Python sequence (lookup tables "
+                          "must be torch tensors)")
 
 
 class BoolBounds(Bounds):
@@ -241,6 +242,8 @@ def lift(x: Any, trace: Trace) -> Bounds:
         return x
     if isinstance(x, (bool, np.bool_)):
         return BoolBounds(np.bool_(x), np.bool_(not x), trace)
+    if isinstance(x, float):
+        trace.refuse("floating-point operand")
     if isinstance(x, int):
         if not -SAFE <= x <= SAFE:
             trace.refuse(f"integer constant {x} beyond +-2**61")
@@ -667,9 +670,10 @@ def lookup(table, index, trace: Trace) -> Bounds:
         # an index outside [-n, n) raises in the concrete evaluation: evaluate those blocks exactly
         trace.force |= (lo < -n) | (hi >= n)
         lo, hi = np.maximum(lo, -n), np.minimum(hi, n - 1)
+        outside = lo > hi  # wholly out of range (forced above): any cell will do
+        lo, hi = np.where(outside, 0, lo), np.where(outside, 0, hi)
         # negative indices count from the end; an interval across 0 may touch both ends
         lo, hi = np.where(hi < 0, lo + n, np.where(lo < 0, 0, lo)), np.where(hi < 0, hi + n, np.where(lo < 0, n - 1, hi))
-        lo = np.minimum(lo, hi)  # an interval wholly out of range (already forced) bounds nothing real
         boxes.append((lo, hi))
     if len(boxes) == 1:
         lo, hi = boxes[0]

@@ -31,6 +31,10 @@ lookups, shape queries, a possibly out-of-range lookup index, ...) is evaluated 
 (function, length, options, closure contents) — see ``dcp.masks.mask_mod_cache``; ``cache=False`` for a
 predicate that reads mutable global state.
 
+``backend``: index arrays as NumPy arrays or torch tensors; "auto" uses torch for a predicate that
+holds torch tensors (closure, defaults; FlexAttention's mask_mods), else NumPy, falling back to torch if
+the predicate fails on NumPy arrays.
+
 ``device``: concrete evaluations (partial leaves, the dense fallback) can run on a torch accelerator
 (``"cuda"``, or ``"auto"``: CUDA when available) with transitions found there; the default is the CPU, so
 that a planner process never opens a CUDA context by surprise. The accelerator path has not run on a GPU
@@ -125,7 +129,9 @@ class ConcreteMaskMod:
 
     def __init__(self, fn: Callable, nargs: int, backend: str, device: Any = None):
         self.fn, self.nargs, self.device = fn, nargs, device
-        self.backend = backend
+        # a predicate holding torch tensors is written for torch (FlexAttention): NumPy arrays mixed with
+        # tensors can go silently wrong (``ndarray != torch.tensor(0)`` is the Python bool True)
+        self.backend = "torch" if backend == "auto" and mask_mod_cache.holds_tensors(fn) else backend
         self.calls = 0
 
     def __call__(self, q_idx: np.ndarray, kv_idx: np.ndarray) -> Any:

@@ -5,8 +5,8 @@ predicate and length do not change, so they are kept here. The key is the functi
 by weak reference where the callable allows it, so that caching never keeps a closure and its tables
 alive), the length and the evaluation options, plus a *fingerprint* of what the function closes over:
 the contents (hashed bytes) of NumPy arrays and torch tensors and the values of scalars found in its
-closure cells, defaults and ``functools.partial`` arguments, recursively through nested functions (four
-levels). So rebuilding a document mask_mod with new document ids, or mutating a captured tensor in place,
+closure cells, defaults and ``functools.partial`` arguments, recursively through nested functions
+(eight levels). So rebuilding a document mask_mod with new document ids, or mutating a captured tensor in place,
 misses the cache. What the fingerprint cannot see — module globals the function reads, attributes of
 other captured objects (held by identity only) — must not change under a cached function; pass
 ``cache=False`` for such predicates.
@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 MAX_BYTES = 256 << 20
-MAX_DEPTH = 4
+MAX_DEPTH = 8
 
 _lock = threading.Lock()
 _entries: OrderedDict[tuple, tuple[Any, tuple, np.ndarray]] = OrderedDict()
@@ -55,20 +55,39 @@ def _value_key(x: Any, depth: int) -> Hashable:
     return ("object", id(x))  # identity only (see the module docstring)
 
 
+def closure_items(fn: Callable) -> list:
+    """The values ``fn`` holds besides its code: closure cells, defaults, ``functools.partial`` arguments."""
+    if isinstance(fn, functools.partial):
+        return [fn.func, *fn.args, *sorted(fn.keywords.items())]
+    items = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            items.append(cell.cell_contents)
+        except ValueError:  # an empty cell (a name assigned later in the enclosing function)
+            items.append(None)
+    items += list(getattr(fn, "__defaults__", None) or ())
+    items += sorted((getattr(fn, "__kwdefaults__", None) or {}).items())
+    return items
+
+
 def fingerprint(fn: Callable, depth: int = 0) -> tuple:
     """What ``fn``'s values depend on besides its code: its closure, defaults and partial arguments."""
-    if isinstance(fn, functools.partial):
-        items = [fn.func, *fn.args, *sorted(fn.keywords.items())]
-    else:
-        items = []
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                items.append(cell.cell_contents)
-            except ValueError:  # an empty cell (a name assigned later in the enclosing function)
-                items.append(None)
-        items += list(getattr(fn, "__defaults__", None) or ())
-        items += sorted((getattr(fn, "__kwdefaults__", None) or {}).items())
-    return tuple(_value_key(x, depth) for x in items)
+    return tuple(_value_key(x, depth) for x in closure_items(fn))
+
+
+def holds_tensors(fn: Callable, depth: int = 0) -> bool:
+    """Whether ``fn`` (or a function or tuple it holds, ``MAX_DEPTH`` levels deep) holds a torch tensor."""
+    torch = sys.modules.get("torch")
+    if torch is None or depth >= MAX_DEPTH:
+        return False
+    for x in closure_items(fn):
+        if isinstance(x, torch.Tensor):
+            return True
+        nested = x if isinstance(x, (tuple, list)) and len(x) <= 256 else (x,)
+        for y in nested:
+            if isinstance(y, torch.Tensor) or (callable(y) and holds_tensors(y, depth + 1)):
+                return True
+    return False
 
 
 def _ref(fn: Callable) -> Any:
