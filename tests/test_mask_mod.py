@@ -22,7 +22,8 @@ from dcp.errors import InvalidMaskError
 from dcp.masks import MaskModMask, RangesMask, dense_to_ranges, from_mask_mod, mask_mod_cache, ranges_to_dense
 from dcp.masks import mask_mod as mm
 from dcp.masks import bounds as B
-from dcp.masks.bounds import INT64, BoolBounds, IntBounds, Refused, TableCache, Trace
+from dcp.masks.bounds import INT64, BoolBounds, IntBounds, Refused, Trace
+from dcp.masks.bounds_lookup import TableCache, lookup
 from dcp.masks.mask_mod_blocks import (
     EMPTY,
     FULL,
@@ -263,7 +264,7 @@ def test_each_operation_bounds_every_value(name, a, b):
 def test_lookup_bounds_every_value_and_forces_out_of_range_blocks(values, lo, width, as_bool):
     table = torch.tensor(values) > 0 if as_bool else torch.tensor(values, dtype=torch.int16)
     trace = Trace(1, TableCache())
-    out = B.lookup(table, IntBounds(np.array([lo]), np.array([lo + width]), trace, INT64), trace)
+    out = lookup(table, IntBounds(np.array([lo]), np.array([lo + width]), trace, INT64), trace)
     n = len(values)
     idx = np.arange(lo, lo + width + 1)
     inside = idx[(idx >= -n) & (idx < n)]
@@ -279,7 +280,7 @@ def test_lookup_bounds_every_value_and_forces_out_of_range_blocks(values, lo, wi
 def test_two_dimensional_lookup_bounds_every_value(n, m, a, b, seed):
     table = torch.tensor(np.random.default_rng(seed).integers(-9, 10, (n, m)))
     trace = Trace(1, TableCache())
-    out = B.lookup(table, (_interval(trace, a), _interval(trace, b)), trace)
+    out = lookup(table, (_interval(trace, a), _interval(trace, b)), trace)
     rows = [i for i in range(a[0], a[0] + a[1] + 1) if i < n]
     cols = [j for j in range(b[0], b[0] + b[1] + 1) if j < m]
     assert trace.force[0] == (len(rows) <= a[1] or len(cols) <= b[1])

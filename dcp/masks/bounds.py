@@ -33,9 +33,12 @@ as the dense evaluation would.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from dcp.masks.bounds_lookup import TableCache
 
 #: bounds are kept within +-2**61 so that a sum or difference of two never wraps in int64
 SAFE = 1 << 61
@@ -47,35 +50,11 @@ class Refused(Exception):
     """The mask_mod did something the bounds cannot follow soundly; evaluate it exactly instead."""
 
 
-class TableCache:
-    """Lookup tables seen by the traces of one mask evaluation, as NumPy values with range-min/max tables
-    (kept across traces: a mask_mod's closure holds the same tensors on every call). Holds at most
-    ``max_tables`` tables (a mask_mod that builds tensors inside would otherwise grow it)."""
-
-    def __init__(self, max_tables: int = 16):
-        self.max_tables = max_tables
-        self._entries: dict[int, tuple[Any, np.ndarray, dict]] = {}
-
-    def values(self, table: Any, trace: "Trace") -> tuple[np.ndarray, dict]:
-        """``(values, memo)``: the table as int64 (booleans as 0/1) and a dict for derived tables."""
-        hit = self._entries.get(id(table))
-        if hit is not None and hit[0] is table:
-            return hit[1], hit[2]
-        dtype = str(table.dtype)
-        if "float" in dtype or "complex" in dtype:
-            trace.refuse(f"lookup in a {dtype} table")
-        values = table.detach().cpu().numpy().astype(np.int64)
-        if len(self._entries) >= self.max_tables:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[id(table)] = (table, values, {})
-        return values, self._entries[id(table)][2]
-
-
 class Trace:
     """One abstract call over P blocks: the first refusal (kept even if the mask_mod swallowed the
     exception) and ``force`` bool ``[P]``, the blocks to evaluate exactly whatever their bounds say."""
 
-    def __init__(self, num_blocks: int, tables: TableCache):
+    def __init__(self, num_blocks: int, tables: "TableCache"):
         self.num_blocks = num_blocks
         self.tables = tables
         self.refused: str | None = None
@@ -114,6 +93,8 @@ class Bounds:
         name = getattr(func, "__name__", repr(func))
         trace = _trace_of(args, kwargs)
         if name == "__getitem__":
+            from dcp.masks.bounds_lookup import lookup  # (a module of its own; it imports this one)
+
             return lookup(args[0], args[1], trace)
         op = TORCH_FUNCTIONS.get(name)
         if op is None:
@@ -219,7 +200,7 @@ def _trace_of(args, kwargs) -> Trace:
     raise TypeError("no bounds among the arguments")
 
 
-def _dtype_range(dtype: Any) -> tuple[int, int] | None:
+def dtype_range(dtype: Any) -> tuple[int, int] | None:
     """Value range of an integer or boolean NumPy/torch dtype (or Python ``int``/``bool``); None otherwise."""
     if dtype is bool:
         return BOOL_RANGE
@@ -250,7 +231,7 @@ def lift(x: Any, trace: Trace) -> Bounds:
         return IntBounds(np.int64(x), np.int64(x), trace, None)
     torch = sys.modules.get("torch")
     if isinstance(x, (np.generic, np.ndarray)) or (torch is not None and isinstance(x, torch.Tensor)):
-        rng = _dtype_range(x.dtype)
+        rng = dtype_range(x.dtype)
         if np.ndim(x) != 0 or rng is None:
             trace.refuse(f"operand {type(x).__name__} of shape {tuple(np.shape(x))} and dtype {x.dtype}"
                          " (only integer or boolean scalars mix with traced values)")
@@ -300,7 +281,7 @@ def _ints(a, b, arithmetic: bool = True) -> tuple[IntBounds, IntBounds, tuple[in
     return a, b, rng
 
 
-def _result(lo, hi, trace: Trace, rng: tuple[int, int], what: str) -> IntBounds:
+def int_result(lo, hi, trace: Trace, rng: tuple[int, int], what: str) -> IntBounds:
     # the concrete dtype holds all of ``rng`` (see _ints), so a result inside it did not wrap around;
     # outside it, it might have: refuse rather than bound a wrapped value
     if np.min(lo) < rng[0] or np.max(hi) > rng[1]:
@@ -308,7 +289,7 @@ def _result(lo, hi, trace: Trace, rng: tuple[int, int], what: str) -> IntBounds:
     return IntBounds(np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64), trace, rng)
 
 
-def _is_const(x: IntBounds) -> bool:
+def is_const(x: IntBounds) -> bool:
     return np.ndim(x.lo) == 0 and x.lo == x.hi
 
 
@@ -318,12 +299,12 @@ def _is_const(x: IntBounds) -> bool:
 
 def add(a, b) -> IntBounds:
     a, b, rng = _ints(a, b)
-    return _result(a.lo + b.lo, a.hi + b.hi, a.trace, rng, "+")
+    return int_result(a.lo + b.lo, a.hi + b.hi, a.trace, rng, "+")
 
 
 def sub(a, b) -> IntBounds:
     a, b, rng = _ints(a, b)
-    return _result(a.lo - b.hi, a.hi - b.lo, a.trace, rng, "-")
+    return int_result(a.lo - b.hi, a.hi - b.lo, a.trace, rng, "-")
 
 
 def neg(a) -> IntBounds:
@@ -343,7 +324,7 @@ def mul(a, b) -> IntBounds:
     if big > SAFE:
         a.trace.refuse("* may overflow int64")
     lo, hi = _corners(a, b, np.multiply)
-    return _result(lo, hi, a.trace, rng, "*")
+    return int_result(lo, hi, a.trace, rng, "*")
 
 
 def _nonzero_divisor(b: IntBounds, what: str) -> None:
@@ -355,7 +336,7 @@ def floordiv(a, b) -> IntBounds:
     a, b, rng = _ints(a, b)
     _nonzero_divisor(b, "//")
     lo, hi = _corners(a, b, np.floor_divide)  # x / y is monotone in each argument while y keeps its sign
-    return _result(lo, hi, a.trace, rng, "//")
+    return int_result(lo, hi, a.trace, rng, "//")
 
 
 def truncdiv(a, b) -> IntBounds:
@@ -366,14 +347,14 @@ def truncdiv(a, b) -> IntBounds:
         return np.sign(x) * np.sign(y) * (np.abs(x) // np.abs(y))
 
     lo, hi = _corners(a, b, trunc)
-    return _result(lo, hi, a.trace, rng, "trunc division")
+    return int_result(lo, hi, a.trace, rng, "trunc division")
 
 
 def mod(a, b) -> IntBounds:
     """``a % b`` with Python's rule (the result takes the divisor's sign), as NumPy and torch.remainder."""
     a, b, rng = _ints(a, b)
     _nonzero_divisor(b, "%")
-    if not _is_const(b):  # a varying divisor: only the sign rule, 0 <= r < b (or b < r <= 0)
+    if not is_const(b):  # a varying divisor: only the sign rule, 0 <= r < b (or b < r <= 0)
         if np.all(b.lo > 0):
             lo, hi = np.zeros_like(b.hi), b.hi - 1
             hi = np.where(a.lo >= 0, np.minimum(hi, a.hi), hi)  # r <= a for a >= 0
@@ -381,15 +362,15 @@ def mod(a, b) -> IntBounds:
             lo, hi = b.lo + 1, np.zeros_like(b.lo)
         else:
             a.trace.refuse("% by divisors of both signs")
-        return _result(lo, hi, a.trace, rng, "%")
+        return int_result(lo, hi, a.trace, rng, "%")
     m = int(b.lo)
     if m < 0:  # x % m == -((-x) % -m)
         pos = mod(neg(a), -m)
-        return _result(-pos.hi, -pos.lo, a.trace, rng, "%")
+        return int_result(-pos.hi, -pos.lo, a.trace, rng, "%")
     r_lo, r_hi = a.lo % m, a.hi % m
     # the interval maps monotonically unless it wraps past a multiple of m
     whole = (a.hi - a.lo >= m) | (r_lo > r_hi)
-    return _result(np.where(whole, 0, r_lo), np.where(whole, m - 1, r_hi), a.trace, rng, "%")
+    return int_result(np.where(whole, 0, r_lo), np.where(whole, m - 1, r_hi), a.trace, rng, "%")
 
 
 def fmod(a, b) -> IntBounds:
@@ -404,7 +385,7 @@ def absolute(a) -> Bounds:
     a = as_int(a)
     lo = np.where(a.lo >= 0, a.lo, np.where(a.hi <= 0, -a.hi, 0))
     hi = np.maximum(np.abs(a.lo), np.abs(a.hi))
-    return _result(lo, hi, a.trace, a.rng or INT64, "abs")
+    return int_result(lo, hi, a.trace, a.rng or INT64, "abs")
 
 
 def minimum(a, b) -> Bounds:
@@ -412,7 +393,7 @@ def minimum(a, b) -> Bounds:
     if isinstance(a, BoolBounds) and isinstance(b, BoolBounds):
         return logical_and(a, b)
     a, b, rng = _ints(a, b)
-    return _result(np.minimum(a.lo, b.lo), np.minimum(a.hi, b.hi), a.trace, rng, "minimum")
+    return int_result(np.minimum(a.lo, b.lo), np.minimum(a.hi, b.hi), a.trace, rng, "minimum")
 
 
 def maximum(a, b) -> Bounds:
@@ -420,7 +401,7 @@ def maximum(a, b) -> Bounds:
     if isinstance(a, BoolBounds) and isinstance(b, BoolBounds):
         return logical_or(a, b)
     a, b, rng = _ints(a, b)
-    return _result(np.maximum(a.lo, b.lo), np.maximum(a.hi, b.hi), a.trace, rng, "maximum")
+    return int_result(np.maximum(a.lo, b.lo), np.maximum(a.hi, b.hi), a.trace, rng, "maximum")
 
 
 def clamp(a, min=None, max=None) -> Bounds:  # noqa: A002 - torch's keyword names
@@ -448,12 +429,12 @@ def rshift(a, b) -> IntBounds:
 
 
 def _bitwise_ints(a: IntBounds, b: IntBounds, rng, op, lo, hi, what: str) -> IntBounds:
-    if _is_const(a) and _is_const(b):
+    if is_const(a) and is_const(b):
         v = op(a.lo, b.lo)
-        return _result(v, v, a.trace, rng, what)
+        return int_result(v, v, a.trace, rng, what)
     if not (np.all(a.lo >= 0) and np.all(b.lo >= 0)):
         a.trace.refuse(f"{what} on possibly negative integers")
-    return _result(lo, hi, a.trace, rng, what)
+    return int_result(lo, hi, a.trace, rng, what)
 
 
 def bit_and(a, b) -> Bounds:
@@ -550,7 +531,7 @@ def where(cond, x, y) -> Bounds:
     x, y, rng = _ints(x, y)
     lo = np.where(both, np.minimum(x.lo, y.lo), np.where(c.can_true, x.lo, y.lo))
     hi = np.where(both, np.maximum(x.hi, y.hi), np.where(c.can_true, x.hi, y.hi))
-    return _result(lo, hi, trace, rng, "where")
+    return int_result(lo, hi, trace, rng, "where")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -576,18 +557,18 @@ def cast(a, *args, **kwargs) -> Bounds:
     dtype = _dtype_arg(args, kwargs)
     if dtype is None:
         return a  # a device move: values unchanged
-    rng = _dtype_range(dtype)
+    rng = dtype_range(dtype)
     if rng is None:
         a.trace.refuse(f"cast to {dtype}")
     if rng == BOOL_RANGE:
         return truth(a)
     a = as_int(a)
-    return _result(a.lo, a.hi, a.trace, rng, f"cast to {dtype}")
+    return int_result(a.lo, a.hi, a.trace, rng, f"cast to {dtype}")
 
 
 def _like(value) -> Callable:
     def make(a, *args, dtype=None, **kwargs):
-        if dtype is not None and _dtype_range(dtype) is None:
+        if dtype is not None and dtype_range(dtype) is None:
             a.trace.refuse(f"{value}-like of dtype {dtype}")
         fill = value if value is not None else (args[0] if args else kwargs["fill_value"])
         if isinstance(a, BoolBounds) and dtype is None:
@@ -611,100 +592,6 @@ def _to_int32(a, *args, **kwargs) -> Bounds:
 
 def _identity(a, *args, **kwargs) -> Bounds:
     return a
-
-
-# ----------------------------------------------------------------------------------------------------
-# table lookups
-# ----------------------------------------------------------------------------------------------------
-
-#: the most (box offsets x blocks) a multi-dimensional lookup enumerates before bounding by the whole table
-MAX_BOX_WORK = 1 << 24
-
-
-def _sparse_minmax(values: np.ndarray, memo: dict, key) -> tuple[list, list]:
-    """Range-min/max tables of a 1-D array: level j holds min/max over windows of 2**j (O(n log n))."""
-    hit = memo.get(key)
-    if hit is None:
-        mins, maxs = [values], [values]
-        j = 1
-        while (1 << j) <= values.size:
-            half = 1 << (j - 1)
-            mins.append(np.minimum(mins[-1][:-half], mins[-1][half:]))
-            maxs.append(np.maximum(maxs[-1][:-half], maxs[-1][half:]))
-            j += 1
-        hit = memo[key] = (mins, maxs)
-    return hit
-
-
-def lookup(table, index, trace: Trace) -> Bounds:
-    """``table[index]`` for a torch tensor of integers or booleans, one scalar index per dimension."""
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(table, torch.Tensor):
-        trace.refuse("indexing a traced value")
-    values, memo = trace.tables.values(table, trace)
-    rng = _dtype_range(table.dtype)
-    index = index if isinstance(index, tuple) else (index,)
-    if len(index) != values.ndim:
-        trace.refuse(f"a lookup with {len(index)} indices in a {values.ndim}-D table (one per dimension needed)")
-    const_key, varying = [], []
-    for i in index:
-        b = lift(i, trace) if not isinstance(i, (slice, type(None), type(Ellipsis))) else None
-        if not isinstance(b, IntBounds):
-            trace.refuse(f"a lookup indexed by {type(i).__name__} (integer indices only)")
-        if _is_const(b) and not varying:  # leading constant indices select a sub-table exactly
-            const_key.append(int(b.lo))
-        else:
-            varying.append(b)
-    sub = values
-    for d, c in enumerate(const_key):
-        n = values.shape[d]
-        if not -n <= c < n:
-            trace.refuse(f"constant index {c} out of range for a table dimension of size {n}")
-    sub = values[tuple(const_key)] if const_key else values
-    if sub.ndim == 0:
-        return _from_values(sub, sub, trace, rng)
-    boxes = []
-    for d, b in enumerate(varying):
-        n = sub.shape[d]
-        lo, hi = np.broadcast_to(b.lo, (trace.num_blocks,)), np.broadcast_to(b.hi, (trace.num_blocks,))
-        # an index outside [-n, n) raises in the concrete evaluation: evaluate those blocks exactly
-        trace.force |= (lo < -n) | (hi >= n)
-        lo, hi = np.maximum(lo, -n), np.minimum(hi, n - 1)
-        outside = lo > hi  # wholly out of range (forced above): any cell will do
-        lo, hi = np.where(outside, 0, lo), np.where(outside, 0, hi)
-        # negative indices count from the end; an interval across 0 may touch both ends
-        lo, hi = np.where(hi < 0, lo + n, np.where(lo < 0, 0, lo)), np.where(hi < 0, hi + n, np.where(lo < 0, n - 1, hi))
-        boxes.append((lo, hi))
-    if len(boxes) == 1:
-        lo, hi = boxes[0]
-        mins, maxs = _sparse_minmax(sub, memo, tuple(const_key))
-        level = np.floor(np.log2(hi - lo + 1)).astype(np.int64)
-        vmin = np.empty(lo.shape, dtype=np.int64)
-        vmax = np.empty(lo.shape, dtype=np.int64)
-        for j in np.unique(level):
-            sel = level == j
-            a, b = lo[sel], hi[sel] - (1 << int(j)) + 1
-            vmin[sel] = np.minimum(mins[j][a], mins[j][b])
-            vmax[sel] = np.maximum(maxs[j][a], maxs[j][b])
-        return _from_values(vmin, vmax, trace, rng)
-    extents = [int(np.max(hi - lo)) + 1 for lo, hi in boxes]
-    if int(np.prod(extents, dtype=np.float64)) * trace.num_blocks > MAX_BOX_WORK:
-        # too large a box to enumerate: the whole (sub-)table's range bounds every value in it
-        return _from_values(np.int64(sub.min()), np.int64(sub.max()), trace, rng)
-    vmin = np.full(trace.num_blocks, np.iinfo(np.int64).max)
-    vmax = np.full(trace.num_blocks, np.iinfo(np.int64).min)
-    for offsets in np.ndindex(*extents):
-        coords = [np.minimum(lo + o, hi) for (lo, hi), o in zip(boxes, offsets)]  # repeats the box's last cell
-        v = sub[tuple(coords)]
-        np.minimum(vmin, v, out=vmin)
-        np.maximum(vmax, v, out=vmax)
-    return _from_values(vmin, vmax, trace, rng)
-
-
-def _from_values(vmin, vmax, trace: Trace, rng) -> Bounds:
-    if rng == BOOL_RANGE:
-        return BoolBounds(np.asarray(vmax) != 0, np.asarray(vmin) == 0, trace)
-    return _result(vmin, vmax, trace, rng, "lookup")
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -31,9 +31,9 @@ lookups, shape queries, a possibly out-of-range lookup index, ...) is evaluated 
 (function, length, options, closure contents) — see ``dcp.masks.mask_mod_cache``; ``cache=False`` for a
 predicate that reads mutable global state.
 
-``backend``: index arrays as NumPy arrays or torch tensors; "auto" uses torch for a predicate that
-holds torch tensors (closure, defaults; FlexAttention's mask_mods), else NumPy, falling back to torch if
-the predicate fails on NumPy arrays.
+``backend``: index arrays as NumPy arrays or torch tensors; "auto" tries torch first for a predicate
+that holds torch tensors (in its closure, defaults or the globals it names: FlexAttention's mask_mods),
+else NumPy first, and keeps the first that works.
 
 ``device``: concrete evaluations (partial leaves, the dense fallback) can run on a torch accelerator
 (``"cuda"``, or ``"auto"``: CUDA when available) with transitions found there; the default is the CPU, so
@@ -119,8 +119,9 @@ def _on_device(out: Any, shape: tuple, device: Any) -> Any:
 
 
 class ConcreteMaskMod:
-    """A mask_mod on concrete index arrays, with its backend resolved on the first call ("auto": NumPy,
-    else torch for torch-only predicates) and kept; failures become ``InvalidMaskError``.
+    """A mask_mod on concrete index arrays, with its backend resolved on the first call ("auto": torch
+    then NumPy for a predicate holding tensors, else NumPy then torch) and kept; failures become
+    ``InvalidMaskError``.
 
     Called as ``(q_idx, kv_idx)``; returns what ``_call`` returns: a torch bool tensor on ``device`` when
     one is given and the mask_mod runs there, else a NumPy bool array. A mask_mod that fails on the
@@ -129,9 +130,10 @@ class ConcreteMaskMod:
 
     def __init__(self, fn: Callable, nargs: int, backend: str, device: Any = None):
         self.fn, self.nargs, self.device = fn, nargs, device
+        self.backend = backend
         # a predicate holding torch tensors is written for torch (FlexAttention): NumPy arrays mixed with
         # tensors can go silently wrong (``ndarray != torch.tensor(0)`` is the Python bool True)
-        self.backend = "torch" if backend == "auto" and mask_mod_cache.holds_tensors(fn) else backend
+        self.auto_order = ("torch", "numpy") if mask_mod_cache.holds_tensors(fn) else ("numpy", "torch")
         self.calls = 0
 
     def __call__(self, q_idx: np.ndarray, kv_idx: np.ndarray) -> Any:
@@ -152,25 +154,26 @@ class ConcreteMaskMod:
                 raise
             except Exception as exc:
                 raise InvalidMaskError(f"mask_mod {self.fn!r} failed on {self.backend} index arrays: {exc!r}") from exc
-        try:  # numpy first; fall back to torch for torch-only predicates
-            out = _call(self.fn, self.nargs, "numpy", q_idx, kv_idx)
-            self.backend = "numpy"
+        first, second = self.auto_order
+        try:
+            out = _call(self.fn, self.nargs, first, q_idx, kv_idx)
+            self.backend = first
             return out
         except InvalidMaskError:
             raise
-        except Exception as numpy_exc:
+        except Exception as first_exc:
             try:
-                out = _call(self.fn, self.nargs, "torch", q_idx, kv_idx)
-                self.backend = "torch"
+                out = _call(self.fn, self.nargs, second, q_idx, kv_idx)
+                self.backend = second
                 return out
             except InvalidMaskError:
                 raise
             except Exception:
-                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on index arrays: {numpy_exc!r}") from numpy_exc
+                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on index arrays: {first_exc!r}") from first_exc
 
     def at(self, q_idx: np.ndarray, kv_idx: np.ndarray, b: int, h: int) -> np.ndarray:
         """At batch ``b``, head ``h`` with the resolved backend, as a NumPy array; exceptions unwrapped."""
-        backend = "torch" if self.device is not None else "numpy" if self.backend == "auto" else self.backend
+        backend = "torch" if self.device is not None else self.auto_order[0] if self.backend == "auto" else self.backend
         out = _call(self.fn, self.nargs, backend, q_idx, kv_idx, b, h, self.device)
         return out.cpu().numpy() if hasattr(out, "cpu") else out
 
@@ -301,8 +304,8 @@ def from_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: 
     """Materialize the predicate ``fn(q_idx, kv_idx)`` for a ``seqlen``-token sequence as a RangesMask.
 
     ``chunk`` is the number of query rows the dense paths evaluate at once (default: ``2**24 // seqlen``);
-    ``backend`` picks the index array type: "numpy", "torch", or "auto" (numpy, falling back to torch if
-    the predicate raises on numpy arrays); ``method``, ``device`` and ``cache``: see the module docstring.
+    ``backend`` picks the index array type: "numpy", "torch", or "auto" (see the module docstring, as for
+    ``method``, ``device`` and ``cache``).
     """
     return RangesMask(mask_mod_ranges(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device,
                                       cache=cache))

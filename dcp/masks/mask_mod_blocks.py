@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dcp.masks.bounds import INT64, BoolBounds, Bounds, IntBounds, Refused, TableCache, Trace, lift, truth
+from dcp.masks.bounds import INT64, BoolBounds, Bounds, IntBounds, Refused, Trace, lift, truth
+from dcp.masks.bounds_lookup import TableCache
 
 EMPTY, FULL, PARTIAL = 0, 1, 2
 #: pairs evaluated exactly per concrete call (bounds the predicate's temporaries)

@@ -5,11 +5,12 @@ predicate and length do not change, so they are kept here. The key is the functi
 by weak reference where the callable allows it, so that caching never keeps a closure and its tables
 alive), the length and the evaluation options, plus a *fingerprint* of what the function closes over:
 the contents (hashed bytes) of NumPy arrays and torch tensors and the values of scalars found in its
-closure cells, defaults and ``functools.partial`` arguments, recursively through nested functions
+closure cells, defaults, ``functools.partial`` arguments and the module globals its code names,
+recursively through nested functions
 (eight levels). So rebuilding a document mask_mod with new document ids, or mutating a captured tensor in place,
-misses the cache. What the fingerprint cannot see — module globals the function reads, attributes of
-other captured objects (held by identity only) — must not change under a cached function; pass
-``cache=False`` for such predicates.
+misses the cache. What the fingerprint cannot see — attributes of other captured objects (held by
+identity only), containers such as dicts, tables reached through a module attribute — must not change
+under a cached function; pass ``cache=False`` for such predicates.
 
 At most ``MAX_BYTES`` of ranges are kept (least recently used first out); entries go with their function.
 """
@@ -19,6 +20,7 @@ import functools
 import hashlib
 import sys
 import threading
+import types
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
@@ -56,10 +58,17 @@ def _value_key(x: Any, depth: int) -> Hashable:
 
 
 def closure_items(fn: Callable) -> list:
-    """The values ``fn`` holds besides its code: closure cells, defaults, ``functools.partial`` arguments."""
+    """The values ``fn`` holds besides its code: closure cells, defaults, ``functools.partial`` arguments,
+    and the module globals its code names (modules themselves excluded)."""
     if isinstance(fn, functools.partial):
         return [fn.func, *fn.args, *sorted(fn.keywords.items())]
     items = []
+    code, module_globals = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is not None and module_globals is not None:
+        for name in code.co_names:  # global names and attribute names; only the globals resolve
+            value = module_globals.get(name)
+            if value is not None and not isinstance(value, types.ModuleType):
+                items.append(value)
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             items.append(cell.cell_contents)

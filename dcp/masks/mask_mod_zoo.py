@@ -139,7 +139,9 @@ ZOO: dict[str, Callable[[int], MaskMod]] = {
     "sliding_window": lambda n: sliding_window(max(1, n // 32)),
     "document": lambda n: document(random_doc_lengths(n, max(4, n // 40))),
     "prefix_lm": lambda n: prefix_lm(n // 4),
-    "dilated_sliding_window": lambda n: dilated_sliding_window(max(1, n // 16), 3),
+    "dilated_sliding_window": lambda n: dilated_sliding_window(max(1, n // 128), 4),
+    # thousands of single-token ranges per row (L / 48): the KV ranges themselves are the cost
+    "dilated_sliding_window_wide": lambda n: dilated_sliding_window(max(1, n // 16), 3),
     "natten": _natten_for,
     "sta": _sta_for,
     "vsa_topk": lambda n: vsa_topk(n, 64, 16),
