@@ -588,3 +588,20 @@ def test_no_cache_evaluates_every_time():
         warnings.simplefilter("error")
         MaskModMask(counted, cache=False).kv_ranges(50)
     assert len(calls) == 3 * n
+
+
+def test_benchmark_script_runs_and_checks_against_the_reference(tmp_path):
+    """``benchmarks/bench_mask_mod.py`` at tiny sizes: every row written, no failures, equal ranges."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mask_mod.py"
+    out = tmp_path / "mm.csv"
+    subprocess.run([sys.executable, str(script), "--seqlen", "256", "--compare-len", "128", "--masks", "causal",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    rows = list(csv.DictReader(open(out)))
+    assert [r["method"] for r in rows] == ["blocks", "cached_spec", "blocks", "dense_stream", "dense_reference"]
+    assert all(not r.get("error") and r["machine"] for r in rows)
+    assert all(r["equal_to_reference"] == "True" for r in rows if r["seqlen"] == "128")
