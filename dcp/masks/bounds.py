@@ -388,20 +388,22 @@ def absolute(a) -> Bounds:
     return int_result(lo, hi, a.trace, a.rng or INT64, "abs")
 
 
-def minimum(a, b) -> Bounds:
+def _extreme(a, b, pick: Callable, on_bools: Callable, what: str) -> Bounds:
+    # minimum / maximum are monotone in both arguments: bound by the picked ends; on booleans they are
+    # the logical and / or
     a, b = _pair(a, b)
     if isinstance(a, BoolBounds) and isinstance(b, BoolBounds):
-        return logical_and(a, b)
+        return on_bools(a, b)
     a, b, rng = _ints(a, b)
-    return int_result(np.minimum(a.lo, b.lo), np.minimum(a.hi, b.hi), a.trace, rng, "minimum")
+    return int_result(pick(a.lo, b.lo), pick(a.hi, b.hi), a.trace, rng, what)
+
+
+def minimum(a, b) -> Bounds:
+    return _extreme(a, b, np.minimum, logical_and, "minimum")
 
 
 def maximum(a, b) -> Bounds:
-    a, b = _pair(a, b)
-    if isinstance(a, BoolBounds) and isinstance(b, BoolBounds):
-        return logical_or(a, b)
-    a, b, rng = _ints(a, b)
-    return int_result(np.maximum(a.lo, b.lo), np.maximum(a.hi, b.hi), a.trace, rng, "maximum")
+    return _extreme(a, b, np.maximum, logical_or, "maximum")
 
 
 def clamp(a, min=None, max=None) -> Bounds:  # noqa: A002 - torch's keyword names

@@ -134,47 +134,33 @@ class ConcreteMaskMod:
         # a predicate holding torch tensors is written for torch (FlexAttention): NumPy arrays mixed with
         # tensors can go silently wrong (``ndarray != torch.tensor(0)`` is the Python bool True)
         self.auto_order = ("torch", "numpy") if mask_mod_cache.holds_tensors(fn) else ("numpy", "torch")
-        self.calls = 0
+        self.resolved = False
 
     def __call__(self, q_idx: np.ndarray, kv_idx: np.ndarray) -> Any:
-        self.calls += 1
-        if self.device is not None:
+        if self.resolved:
+            candidates = [(self.backend, self.device)]
+        else:  # the device first (if any), then the CPU backends in order; the first that works is kept
+            candidates = [("torch", self.device)] if self.device is not None else []
+            candidates += [(b, None) for b in (self.auto_order if self.backend == "auto" else (self.backend,))]
+        first_exc = None
+        for backend, device in candidates:
             try:
-                return _call(self.fn, self.nargs, "torch", q_idx, kv_idx, device=self.device)
-            except InvalidMaskError:
-                raise
-            except Exception:
-                if self.calls > 1:
-                    raise
-                self.device = None  # not runnable on the device: the CPU backends below decide
-        if self.backend != "auto":
-            try:
-                return _call(self.fn, self.nargs, self.backend, q_idx, kv_idx)
+                out = _call(self.fn, self.nargs, backend, q_idx, kv_idx, device=device)
             except InvalidMaskError:
                 raise
             except Exception as exc:
-                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on {self.backend} index arrays: {exc!r}") from exc
-        first, second = self.auto_order
-        try:
-            out = _call(self.fn, self.nargs, first, q_idx, kv_idx)
-            self.backend = first
+                first_exc = first_exc or exc
+                continue
+            self.backend, self.device, self.resolved = backend, device, True
             return out
-        except InvalidMaskError:
-            raise
-        except Exception as first_exc:
-            try:
-                out = _call(self.fn, self.nargs, second, q_idx, kv_idx)
-                self.backend = second
-                return out
-            except InvalidMaskError:
-                raise
-            except Exception:
-                raise InvalidMaskError(f"mask_mod {self.fn!r} failed on index arrays: {first_exc!r}") from first_exc
+        what = "" if self.backend == "auto" else f"{self.backend} "
+        raise InvalidMaskError(f"mask_mod {self.fn!r} failed on {what}index arrays: {first_exc!r}") from first_exc
 
     def at(self, q_idx: np.ndarray, kv_idx: np.ndarray, b: int, h: int) -> np.ndarray:
         """At batch ``b``, head ``h`` with the resolved backend, as a NumPy array; exceptions unwrapped."""
-        backend = "torch" if self.device is not None else self.auto_order[0] if self.backend == "auto" else self.backend
-        out = _call(self.fn, self.nargs, backend, q_idx, kv_idx, b, h, self.device)
+        if not self.resolved:
+            self(q_idx, kv_idx)
+        out = _call(self.fn, self.nargs, self.backend, q_idx, kv_idx, b, h, self.device)
         return out.cpu().numpy() if hasattr(out, "cpu") else out
 
 
@@ -189,8 +175,7 @@ def _check_shared_by_heads(concrete: ConcreteMaskMod, seqlen: int) -> None:
     fn = concrete.fn
     rows = np.unique(np.linspace(0, seqlen - 1, min(seqlen, SAMPLE_ROWS)).astype(np.int64))[:, None]
     kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
-    concrete(rows, kv_idx)  # resolves the backend ("auto"), raising InvalidMaskError if it fails at b = h = 0
-    base = concrete.at(rows, kv_idx, 0, 0)
+    base = concrete.at(rows, kv_idx, 0, 0)  # resolves the backend (InvalidMaskError if none works)
     for b, h in OTHER_BATCH_HEADS:
         try:
             other = concrete.at(rows, kv_idx, b, h)
