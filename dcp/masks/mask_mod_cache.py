@@ -33,6 +33,7 @@ MAX_DEPTH = 8
 _lock = threading.Lock()
 _entries: OrderedDict[tuple, tuple[Any, tuple, np.ndarray]] = OrderedDict()
 _bytes = 0
+_dead: list[int] = []  # ids of cached functions that died (see _ref)
 
 
 def _array_key(data: bytes, shape: tuple, dtype: str) -> tuple:
@@ -101,7 +102,8 @@ def holds_tensors(fn: Callable, depth: int = 0) -> bool:
 
 def _ref(fn: Callable) -> Any:
     try:
-        return weakref.ref(fn, lambda _ref, key=id(fn): _forget(key))
+        # the callback may run inside any allocation, even under _lock: it only records the dead id
+        return weakref.ref(fn, lambda _ref, key=id(fn): _dead.append(key))
     except TypeError:  # not weakly referenceable: hold it (its entries then live until evicted)
         return fn
 
@@ -110,10 +112,12 @@ def _alive(ref: Any) -> Any:
     return ref() if isinstance(ref, weakref.ref) else ref
 
 
-def _forget(fn_id: int) -> None:
+def _purge_dead() -> None:
+    """Drop the entries of functions that died since the last call (call under _lock)."""
     global _bytes
-    with _lock:
-        for key in [k for k in _entries if k[0] == fn_id]:
+    while _dead:
+        fn_id = _dead.pop()
+        for key in [k for k in _entries if k[0] == fn_id and _alive(_entries[k][0]) is None]:
             _bytes -= _entries.pop(key)[2].nbytes
 
 
@@ -121,6 +125,7 @@ def lookup(fn: Callable, options: tuple) -> np.ndarray | None:
     """The cached ranges of ``fn`` under ``options`` (a copy), or None."""
     key = (id(fn), options)
     with _lock:
+        _purge_dead()
         hit = _entries.get(key)
         if hit is None or _alive(hit[0]) is not fn:
             return None
@@ -140,6 +145,7 @@ def store(fn: Callable, options: tuple, ranges: np.ndarray) -> None:
     entry = (_ref(fn), fingerprint(fn), kept)
     key = (id(fn), options)
     with _lock:
+        _purge_dead()
         old = _entries.pop(key, None)
         if old is not None:
             _bytes -= old[2].nbytes
@@ -154,9 +160,11 @@ def clear() -> None:
     global _bytes
     with _lock:
         _entries.clear()
+        _dead.clear()
         _bytes = 0
 
 
 def cached_count() -> int:
     with _lock:
+        _purge_dead()
         return len(_entries)
