@@ -24,11 +24,11 @@ Refused, among others: floating-point values, true division, Python control flow
 (``if q_idx > 3``, ``bool()``, ``int()``), shape/dtype queries, non-scalar array operands, and lookups in
 NumPy arrays (``np_table[q_idx]`` calls no protocol a bounds object could answer; use a torch tensor).
 
-Integer results are checked against the range of the dtype the concrete computation has (the widest of
-its array operands' dtypes, int64 for the indices), so a block is never classified on a value that the
-concrete computation would have wrapped around; a lookup whose index may fall outside its table marks
-the block as "must be evaluated exactly" (``Trace.force``), so that the concrete evaluation raises there
-as the dense evaluation would.
+Integer results are checked against a range the concrete result's dtype certainly holds (the
+intersection of its operands' dtype ranges; int64 for the indices), so a block is never classified on a
+value that the concrete computation would have wrapped around; a lookup whose index may fall outside its
+table marks the block as "must be evaluated exactly" (``Trace.force``), so that the concrete evaluation
+raises there as the dense evaluation would.
 """
 from __future__ import annotations
 
