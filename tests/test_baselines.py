@@ -21,6 +21,7 @@ from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
 from dcp.plan import CommLaunch
+from dcp.program import KIND, ROUND
 from dcp.planner import Planner
 from dcp.spec import BatchSpec
 from dcp.stats import transfer_table
@@ -213,9 +214,11 @@ def test_te_single_node_is_pure_ulysses():
     plan = TEA2AP2PPlanner().plan(spec, Cluster(1, 4))
     assert plan.layout.n_head_blocks == 4 and not plan.notes
     rows = transfer_table(plan, "forward")
-    inputs = [(ins.round, u.kind) for dp in plan.forward for ins in dp.instructions
+    inputs = [(ins.round, u.kind) for dp in plan.program("forward") for ins in dp.instructions
               if isinstance(ins, CommLaunch) for u, _ in ins.sends]
     assert {r for r, k in inputs if k in (Kind.Q, Kind.KV)} == {1}  # the all-to-all, no ring
+    tr = plan.forward.transfers  # the same in the columnar tables
+    assert set(tr[np.isin(tr[:, KIND], [Kind.Q, Kind.KV]), ROUND].tolist()) == {1}
     assert rows.shape[0] > 0
 
 

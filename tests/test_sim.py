@@ -14,7 +14,7 @@ from dcp import masks as M
 from dcp.blocks import enumerate_tiles, uniform_layout
 from dcp.cost import CostModel
 from dcp.partition import GreedyPartitioner
-from dcp.plan import DevicePlan
+from dcp.program import DST
 from dcp.planner import assemble
 from dcp.schedule import Routes
 from dcp.sim import (FluidNetwork, SimResult, iteration_time_s, max_min_rates, simulate, simulate_both,
@@ -246,10 +246,12 @@ def test_shared_nic_halves_rate_in_a_plan():
     np.testing.assert_allclose([e.end_s for e in rail.events if e.kind == "transfer"], lat + kv / 5e9, rtol=1e-9)
 
 
-def test_unfinishable_program_raises():
+def test_malformed_program_is_refused():
     plan = two_block_plan()
-    broken = dataclasses.replace(plan, forward=(plan.forward[0], DevicePlan(1, ())))
-    with pytest.raises(ValueError, match="cannot finish"):
+    rows = plan.forward.transfers.copy()
+    rows[0, DST] = plan.n_devices  # a device outside the cluster
+    broken = dataclasses.replace(plan, forward=dataclasses.replace(plan.forward, transfers=rows))
+    with pytest.raises(ValueError, match="out of range"):
         simulate(broken, H100, "forward")
     with pytest.raises(ValueError, match="direction"):
         simulate(plan, H100, "sideways")
