@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dcp import setops
 from dcp.plan import Plan
 from dcp.program import DST, HB, KIND, ROUND, SRC, TB
 from dcp.units import INPUT_KINDS, Kind
@@ -165,7 +166,7 @@ class _Check:
             what = "which it never received" if arrived[i] == _NEVER else f"before it arrives in round {int(arrived[i])}"
             pb.add(f"{d} device {int(self.mg[i, DST])} round {int(m_round[i])}: merges "
                    f"{self.name(self.mg[i, KIND], m_unit[i])} from device {int(self.mg[i, SRC])}, {what}")
-        lost = ~np.isin(t_pair, m_pair)
+        lost = ~setops.isin(t_pair, m_pair)
         if lost.any():
             i = _first(lost)
             pb.add(f"{d} device {int(sends[i, DST])}: partial {self.name(sends[i, KIND], s_unit[i])} from device "
@@ -187,7 +188,7 @@ class _Check:
             i = _first(late)
             pb.add(f"{d} device {int(self.mg[i, DST])}: merges into {self.name(self.mg[i, KIND], m_unit[i])} in "
                    f"round {int(m_round[i])}, after sending it in round {int(sent_in[i])}")
-        empty = ~(np.isin(s_node, tile_node) | np.isin(s_node, m_node))
+        empty = ~(setops.isin(s_node, tile_node) | setops.isin(s_node, m_node))
         if empty.any():
             i = _first(empty)
             pb.add(f"{d} device {int(sends[i, SRC])} round {int(s_round[i])}: sends an empty partial "
@@ -198,7 +199,7 @@ class _Check:
     def roots(self, tile_node: np.ndarray, s_node: np.ndarray, r_node: np.ndarray) -> None:
         """Follow the sends from every tile's accumulator (pointer jumping); each must end at its unit's
         home. Sends go to strictly later rounds (checked above), so the chains end."""
-        nodes = np.unique(np.concatenate([tile_node, s_node, r_node]))
+        nodes = setops.unique(np.concatenate([tile_node, s_node, r_node]))
         nxt = np.arange(nodes.size)
         nxt[np.searchsorted(nodes, s_node)] = np.searchsorted(nodes, r_node)
         for _ in range(max(1, int(nodes.size).bit_length()) + 1):

@@ -251,3 +251,24 @@ def test_loongtrain_degrees_and_double_ring():
     zig = ZigzagPlanner().plan(spec, cluster).stats()
     assert double.comm_bytes_inter_node < flat.comm_bytes_inter_node
     assert flat.comm_bytes_total == zig.comm_bytes_total  # one flat ring over all devices is zigzag
+
+
+@pytest.mark.parametrize("cluster", [Cluster(1, 4), Cluster(2, 4), Cluster(4, 8), Cluster(3, 2)], ids=str)
+@pytest.mark.parametrize("planner", PLANNERS, ids=lambda p: p.name)
+def test_dkv_trees_match_their_reference(planner, cluster, monkeypatch):
+    """The array dKV accumulation gives the programs the per-unit Python walk gives (random batches)."""
+    from dcp.baselines import common
+
+    rng = np.random.default_rng(cluster.n_devices)
+    for trial in range(3):
+        lens = rng.integers(1, 400, rng.integers(1, 6)).tolist()
+        spec = _spec(lens, MASKS[trial % len(MASKS)])
+        fast = planner.plan(spec, cluster)
+        with monkeypatch.context() as m:
+            m.setattr(common, "_dkv_trees", common._dkv_trees_reference)
+            ref = planner.plan(spec, cluster)
+        for direction in ("forward", "backward"):
+            a, b = fast.columns(direction), ref.columns(direction)
+            np.testing.assert_array_equal(a.tile_stage, b.tile_stage)
+            np.testing.assert_array_equal(a.transfers, b.transfers)
+            np.testing.assert_array_equal(a.merges, b.merges)

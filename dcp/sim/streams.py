@@ -16,6 +16,7 @@ import math
 import numpy as np
 
 from dcp.cost import CostModel
+from dcp import setops
 from dcp.plan import Plan
 from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
 from dcp.sim.flows import ComponentNetwork
@@ -54,7 +55,7 @@ class Streams:
         ends_dev = np.concatenate([f_src, f_dst[remote]])
         ends_flow = np.concatenate([np.arange(n_flows), np.flatnonzero(remote)])
         ends_key = ends_dev * width + np.concatenate([f_round, f_round[remote]])
-        keys = np.unique(np.concatenate([ends_key, cd * width + cs + 1, g_rows[:, DST] * width + g_rows[:, ROUND]]))
+        keys = setops.unique(np.concatenate([ends_key, cd * width + cs + 1, g_rows[:, DST] * width + g_rows[:, ROUND]]))
         self.ptr = np.searchsorted(keys // width, np.arange(n + 1)).tolist()
         self.step_round = (keys % width).tolist()
         self.step_dev = (keys // width).tolist()
