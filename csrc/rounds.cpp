@@ -54,6 +54,7 @@ void input_rounds(const RoundsParams& p) {
           if (best < 0 || used_out[s] < best_load) {
             best = s;
             best_load = used_out[s];
+            if (best_load == 0.0) break;  // loads are >= 0: no later holder beats the first idle one
           }
         }
       }
@@ -70,6 +71,7 @@ void input_rounds(const RoundsParams& p) {
             best = s;
             best_nic = a;
             best_port = c;
+            if (a == 0.0 && c == 0.0) break;  // (0, 0) is the least possible: the first one wins
           }
         }
         const int64_t ns = best / gpn;
