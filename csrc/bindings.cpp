@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "attention_cpu.h"
+#include "rounds.h"
 
 namespace {
 
@@ -266,6 +267,68 @@ void merge_into(const Tensor& o_acc, const Tensor& lse_acc, const Tensor& o_new,
   }
 }
 
+// 1-D contiguous CPU tensor of `n` elements and dtype `dt`.
+void check_vec(const Tensor& t, const char* fn, const char* name, int64_t n, at::ScalarType dt) {
+  check_cpu(t, fn, name);
+  TORCH_CHECK(t.scalar_type() == dt, fn, ": ", name, " must have dtype ", dt, ", got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, fn, ": ", name, " must have shape [", n, "], got ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), fn, ": ", name, " must be contiguous");
+}
+
+std::tuple<Tensor, Tensor> input_rounds(const Tensor& order, const Tensor& dev, const Tensor& key, const Tensor& home,
+                                        const Tensor& nbytes, const Tensor& budget_first, const Tensor& budget,
+                                        int64_t gpus_per_node, int64_t n_nodes, int64_t max_rounds, bool relay,
+                                        double port, double nic) {
+  const char* fn = "dcp._C.input_rounds";
+  const int64_t n = dev.numel(), n_dev = budget.numel();
+  check_vec(order, fn, "order", n, at::kLong);
+  check_vec(dev, fn, "dev", n, at::kLong);
+  check_vec(key, fn, "key", n, at::kLong);
+  check_vec(home, fn, "home", n, at::kLong);
+  check_vec(nbytes, fn, "nbytes", n, at::kDouble);
+  check_vec(budget_first, fn, "budget_first", n_dev, at::kDouble);
+  check_vec(budget, fn, "budget", n_dev, at::kDouble);
+  TORCH_CHECK(gpus_per_node > 0 && n_nodes > 0 && n_dev == gpus_per_node * n_nodes, fn, ": ", n_dev,
+              " devices must be gpus_per_node (", gpus_per_node, ") x n_nodes (", n_nodes, ")");
+  TORCH_CHECK(max_rounds >= 1, fn, ": max_rounds must be >= 1, got ", max_rounds);
+  int64_t n_keys = 0;
+  if (n) {
+    const auto in_range = [](const Tensor& t, int64_t hi) {
+      return t.min().item<int64_t>() >= 0 && t.max().item<int64_t>() < hi;
+    };
+    TORCH_CHECK(in_range(order, n) && at::equal(std::get<0>(order.sort()), at::arange(n, order.options())), fn,
+                ": order must be a permutation of 0..", n - 1);
+    TORCH_CHECK(in_range(dev, n_dev) && in_range(home, n_dev), fn, ": dev and home must be devices 0..", n_dev - 1);
+    TORCH_CHECK(key.min().item<int64_t>() >= 0, fn, ": keys must be >= 0");
+    n_keys = key.max().item<int64_t>() + 1;
+  }
+  Tensor arrival = at::empty({n}, dev.options()), source = at::empty({n}, dev.options());
+  dcp::RoundsParams p;
+  p.n = n;
+  p.order = order.data_ptr<int64_t>();
+  p.dev = dev.data_ptr<int64_t>();
+  p.key = key.data_ptr<int64_t>();
+  p.home = home.data_ptr<int64_t>();
+  p.nbytes = nbytes.data_ptr<double>();
+  p.budget_first = budget_first.data_ptr<double>();
+  p.budget = budget.data_ptr<double>();
+  p.n_dev = n_dev;
+  p.gpus_per_node = gpus_per_node;
+  p.n_nodes = n_nodes;
+  p.max_rounds = max_rounds;
+  p.n_keys = n_keys;
+  p.relay = relay;
+  p.port = port;
+  p.nic = nic;
+  p.arrival = arrival.data_ptr<int64_t>();
+  p.source = source.data_ptr<int64_t>();
+  {
+    pybind11::gil_scoped_release no_gil;
+    dcp::input_rounds(p);
+  }
+  return {arrival, source};
+}
+
 void set_cpu_isa(const std::string& name) {
   TORCH_CHECK(dcp::set_cpu_isa(name), "dcp._C.set_cpu_isa: ISA '", name, "' is not available here (available: ",
               dcp::available_cpu_isas(), ")");
@@ -274,13 +337,16 @@ void set_cpu_isa(const std::string& name) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "dcp native CPU kernels: block-table attention forward/backward and log-sum-exp merges";
+  m.doc() = "dcp native CPU kernels: block-table attention forward/backward, log-sum-exp merges, and the "
+            "planner's input-round greedy";
   m.def("attention_forward", &attention_forward, "(q, k, v, seg_cu, seg_tile_ptr, tile_k_start, tile_k_len, "
         "tile_mask_row, mask_ranges, scale) -> (o_thd, lse_ht)");
   m.def("attention_backward", &attention_backward, "(do, q, k, v, lse, delta, <6 tile arrays>, scale, "
         "fp32_grads) -> (dq, dk, dv)");
   m.def("merge_partials", &merge_partials, "(o_list, lse_list) -> (o_thd, lse_ht)");
   m.def("merge_into", &merge_into, "(o_acc, lse_acc, o_new, lse_new): in-place two-way merge into o_acc/lse_acc");
+  m.def("input_rounds", &input_rounds, "(order, dev, key, home, nbytes, budget_first, budget, gpus_per_node, "
+        "n_nodes, max_rounds, relay, port, nic) -> (arrival, source): the planner's input-round greedy");
   m.def("cpu_isa", []() { return std::string(dcp::cpu_isa()); }, "ISA variant of the kernels in use");
   m.def("set_cpu_isa", &set_cpu_isa, "select 'generic', 'avx2' or 'auto'");
   m.def("available_cpu_isas", []() { return dcp::available_cpu_isas(); });

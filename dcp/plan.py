@@ -1,6 +1,8 @@
-"""The plan IR: per device, an ordered instruction stream for the forward and for the backward pass.
+"""The plan: a batch, its blocks and tiles, their placement, and a forward and a backward ``Program``.
 
-Instructions (all frozen):
+Each program is columnar (``dcp.program``: tile stages, transfer rows, merge rows). Per device it reads
+as an ordered instruction stream; ``Plan.program(direction)`` builds that view, from these frozen
+instruction objects, for readers and tests (executors, the validator and the simulator read the tables):
 - ``CommLaunch(round, sends, recvs)``: post this round's transfers as one group (every device posts
   every round, possibly empty, so grouped p2p always matches);
 - ``CommWait(round)``: block until this device's transfers of that round are done;
@@ -21,6 +23,7 @@ import numpy as np
 
 from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
+from dcp.program import Program, device_plans
 from dcp.spec import BatchSpec
 from dcp.units import Kind
 
@@ -86,9 +89,10 @@ class DevicePlan:
 class Plan:
     """Everything an executor needs: the batch, its blocks and tiles, placement, and both programs.
 
-    ``home[tb]``: device holding token block ``tb`` (its tokens' q/k/v/o and gradients);
-    ``tile_device[t]``/``tile_stage[t]``: where and in which compute stage of the forward tile ``t`` runs
-    (the backward program may stage its tiles differently: its ``Compute`` instructions say how).
+    ``home``: int32 ``[n_token_blocks]``, the device holding each token block (its tokens' q/k/v/o and
+    gradients); ``tile_device``: int32 ``[n_tiles]``, where each tile runs (both directions);
+    ``forward``/``backward``: the columnar programs (``dcp.program.Program``), each with its own tile
+    stages, transfers and merges.
     """
 
     spec: BatchSpec
@@ -97,13 +101,13 @@ class Plan:
     tiles: TileSet
     home: np.ndarray
     tile_device: np.ndarray
-    tile_stage: np.ndarray
-    forward: tuple[DevicePlan, ...]
-    backward: tuple[DevicePlan, ...]
+    forward: Program
+    backward: Program
     planner: str
     planning_time_s: float = 0.0
     notes: tuple[str, ...] = ()
     meta: dict = field(default_factory=dict)
+    _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def n_devices(self) -> int:
@@ -126,8 +130,29 @@ class Plan:
         offs = np.repeat(starts - np.r_[0, np.cumsum(lens)[:-1]], lens)
         return offs + np.arange(int(lens.sum()))
 
-    def program(self, direction: str) -> tuple[DevicePlan, ...]:
+    @property
+    def tile_stage(self) -> np.ndarray:
+        """int32 ``[n_tiles]``: the forward compute stage of every tile (``forward.tile_stage``)."""
+        return self.forward.tile_stage
+
+    def columns(self, direction: str) -> Program:
+        """The columnar program of ``direction`` ("forward" or "backward")."""
+        if direction not in ("forward", "backward"):
+            raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
         return self.forward if direction == "forward" else self.backward
+
+    def index(self, direction: str):
+        """Per-device index ranges of a direction's program (``dcp.program.DeviceIndex``, cached)."""
+        return self.columns(direction).index(self.tile_device, self.n_devices)
+
+    def program(self, direction: str) -> tuple[DevicePlan, ...]:
+        """The instruction view of a direction: one ``DevicePlan`` per device (built once, then cached;
+        one Python object per instruction and transfer, so meant for reading and tests, not for scale)."""
+        prog = self.columns(direction)
+        got = self._views.get(direction)
+        if got is None or got[0] is not prog:
+            got = self._views[direction] = (prog, device_plans(prog, self.tile_device, self.n_devices))
+        return got[1]
 
     def stats(self):
         from dcp.stats import plan_stats

@@ -45,12 +45,10 @@ def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
 
     ``tile_stage``/``routes`` schedule the forward, and the backward too unless ``backward`` gives it
     its own schedule."""
-    n = cluster.n_devices
     bwd_stage, bwd_routes = (tile_stage, routes) if backward is None else (backward.tile_stage, backward.routes)
     plan = Plan(spec, cluster, layout, tiles, np.asarray(home, dtype=np.int32),
-                np.asarray(tile_device, dtype=np.int32), np.asarray(tile_stage, dtype=np.int32),
-                build_program("forward", n, tile_device, tile_stage, routes),
-                build_program("backward", n, tile_device, bwd_stage, bwd_routes), planner, 0.0, tuple(notes))
+                np.asarray(tile_device, dtype=np.int32), build_program("forward", tile_stage, routes),
+                build_program("backward", bwd_stage, bwd_routes), planner, 0.0, tuple(notes))
     meta = {}
     if check:
         validate(plan)

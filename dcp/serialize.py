@@ -1,9 +1,20 @@
 """Plan bytes: compact, versioned, checksummed; no pickle.
 
 Layout: ``MAGIC`` (8 bytes), format version (uint32), header length (uint64), a UTF-8 JSON header
-(batch description, cluster, planner, notes, and each array's name, dtype and shape), the arrays' raw
-little-endian bytes in header order, then a CRC32 of everything before it (uint32).
-Instruction streams are flattened to int64 code arrays (see ``_encode_program``).
+(batch description, cluster, head blocking, planner, notes, and each array's name, dtype and shape), the
+arrays' raw little-endian bytes in header order, then a CRC32 of everything before it (uint32).
+
+Arrays (``ARRAYS``): the block layout, the tiles, the placement, and per direction the columnar program
+(``forward.tile_stage``, ``forward.transfers`` ``[n, 6]``, ``forward.merges`` ``[m, 6]``, the same for
+``backward``; ``dcp.program``), written as they are in memory. Masks that travel as explicit KV ranges
+(``RangesMask``, and callables such as mask_mod masks, materialized per sequence) are not JSON: the
+header names them ``{"name": "ranges", "array": i}`` and their ranges ``[L, R, 2]`` follow as two arrays,
+``mask{i}.runs`` and ``mask{i}.run_len``: the ranges' differences from one token to the next, with
+equal consecutive rows stored once with their count. A sliding or neighbourhood window moves by one
+token per token, so a 131,072-token mask of 31 ranges per token takes kilobytes instead of 32 MB.
+
+Format version 2 (columnar programs) replaced version 1 (instruction streams as code arrays); bytes of
+another version raise ``SerializationError`` saying so.
 """
 from __future__ import annotations
 
@@ -16,117 +27,102 @@ import numpy as np
 from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.errors import DcpError, SerializationError
-from dcp.plan import CommLaunch, CommWait, Compute, DevicePlan, Plan, Reduce, Transfer, Unit
+from dcp.plan import Plan
+from dcp.program import COLUMNS, Program
 from dcp.spec import BatchSpec
-from dcp.units import Kind
 
 MAGIC = b"DCPPLAN\0"
-VERSION = 1
-_LAUNCH, _WAIT, _COMPUTE, _REDUCE = 0, 1, 2, 3
+VERSION = 2
+_PROGRAM_ARRAYS = ("tile_stage", "transfers", "merges")
+#: every fixed array of the format: (dtype kinds it may have, its number of dimensions)
+ARRAYS = {"tb_seq": ("iu", 1), "tb_start": ("iu", 1), "tb_len": ("iu", 1), "seq_tb_ptr": ("iu", 1),
+          "q_tb": ("iu", 1), "kv_tb": ("iu", 1), "hb": ("iu", 1), "unmasked": ("iu", 1), "full": ("b", 1),
+          "fwd_flops": ("f", 1), "bwd_flops": ("f", 1), "home": ("iu", 1), "tile_device": ("iu", 1),
+          **{f"{d}.{a}": ("iu", 1 if a == "tile_stage" else 2) for d in ("forward", "backward")
+             for a in _PROGRAM_ARRAYS}}
+_MASK_ARRAYS = {"runs": ("iu", 3), "run_len": ("iu", 1)}
+_HEADER_KEYS = ("spec", "cluster", "layout", "planner", "planning_time_s", "notes", "meta", "arrays")
+_KIND_NAMES = {"i": "int", "u": "uint", "b": "bool", "f": "float"}
 
 
-def _encode_program(program: tuple[DevicePlan, ...]) -> np.ndarray:
-    """Per device: [n_instructions, ...instructions]; launch: [0, round, n_send, n_recv, (kind, tb, hb,
-    peer)*]; wait: [1, round]; compute: [2, stage, n, tiles*]; reduce: [3, kind, tb, hb, n, sources*]."""
-    out: list[int] = []
-    for p in program:
-        out.append(len(p.instructions))
-        for ins in p.instructions:
-            if isinstance(ins, CommLaunch):
-                out += [_LAUNCH, ins.round, len(ins.sends), len(ins.recvs)]
-                for t in ins.sends + ins.recvs:
-                    out += [int(t.unit.kind), t.unit.tb, t.unit.hb, t.peer]
-            elif isinstance(ins, CommWait):
-                out += [_WAIT, ins.round]
-            elif isinstance(ins, Compute):
-                out += [_COMPUTE, ins.stage, len(ins.tiles), *ins.tiles]
-            elif isinstance(ins, Reduce):
-                out += [_REDUCE, int(ins.unit.kind), ins.unit.tb, ins.unit.hb, len(ins.sources), *ins.sources]
-            else:
-                raise SerializationError(f"unknown instruction {ins!r}")
-    return np.asarray(out, dtype=np.int64)
+# ----------------------------------------------------------------------------------------- ranges
+def encode_ranges(ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """KV ranges ``[L, R, 2]`` as (runs int64 ``[k, R, 2]``, run_len int64 ``[k]``): row t of the
+    differences ``ranges[t] - ranges[t - 1]`` (``ranges[-1]`` = 0) is ``runs[j]`` for ``run_len[j]``
+    consecutive tokens. ``decode_ranges`` inverts it exactly."""
+    r = np.asarray(ranges, dtype=np.int64)
+    delta = np.diff(r, axis=0, prepend=np.zeros((1, *r.shape[1:]), dtype=np.int64))
+    starts = np.flatnonzero(np.r_[True, (delta[1:] != delta[:-1]).any(axis=(1, 2))])
+    return delta[starts], np.diff(np.r_[starts, r.shape[0]])
 
 
-def _decode_program(codes: np.ndarray, n_devices: int) -> tuple[DevicePlan, ...]:
-    c = codes.tolist()
-    i, programs = 0, []
-
-    def counts(*xs):
-        if any(x < 0 for x in xs):
-            raise SerializationError(f"negative count in the instruction stream at position {i}")
-        return xs
-
-    try:
-        for d in range(n_devices):
-            (n,), i = counts(c[i]), i + 1
-            ins = []
-            for _ in range(n):
-                op = c[i]
-                if op == _LAUNCH:
-                    rnd, ns, nr = c[i + 1], *counts(*c[i + 2:i + 4])
-                    i += 4
-                    if i + 4 * (ns + nr) > len(c):
-                        raise IndexError("a launch runs past the end")
-                    ts = [Transfer(Unit(Kind(c[j]), c[j + 1], c[j + 2]), c[j + 3]) for j in range(i, i + 4 * (ns + nr), 4)]
-                    i += 4 * (ns + nr)
-                    ins.append(CommLaunch(rnd, tuple(ts[:ns]), tuple(ts[ns:])))
-                elif op == _WAIT:
-                    ins.append(CommWait(c[i + 1]))
-                    i += 2
-                elif op == _COMPUTE:
-                    stage, (n_t,) = c[i + 1], counts(c[i + 2])
-                    if i + 3 + n_t > len(c):
-                        raise IndexError("a compute runs past the end")
-                    ins.append(Compute(stage, tuple(c[i + 3:i + 3 + n_t])))
-                    i += 3 + n_t
-                elif op == _REDUCE:
-                    kind, tb, hb, (n_s,) = c[i + 1], c[i + 2], c[i + 3], counts(c[i + 4])
-                    if i + 5 + n_s > len(c):
-                        raise IndexError("a reduce runs past the end")
-                    ins.append(Reduce(Unit(Kind(kind), tb, hb), tuple(c[i + 5:i + 5 + n_s])))
-                    i += 5 + n_s
-                else:
-                    raise SerializationError(f"unknown opcode {op} at position {i}")
-            programs.append(DevicePlan(d, tuple(ins)))
-    except (IndexError, ValueError) as err:
-        raise SerializationError(f"truncated or corrupt instruction stream: {err}") from err
-    if i != len(c):
-        raise SerializationError("instruction stream has trailing data")
-    return tuple(programs)
+def decode_ranges(runs: np.ndarray, run_len: np.ndarray) -> np.ndarray:
+    """int64 ``[L, R, 2]`` ranges from ``encode_ranges`` output."""
+    return np.cumsum(np.repeat(runs.astype(np.int64), run_len.astype(np.int64), axis=0), axis=0)
 
 
-def _spec_description(spec: BatchSpec) -> dict:
-    """Masks that cannot be rebuilt from a description (callables) travel as explicit ranges."""
+# ----------------------------------------------------------------------------------------- writing
+def _rebuildable(mask) -> bool:
     from dcp.masks import RangesMask, from_description
 
-    masks = []
-    for i, m in enumerate(spec.masks):
+    if isinstance(mask, RangesMask):
+        return False
+    try:
+        from_description(json.loads(json.dumps(mask.describe())))
+        return True
+    except Exception:  # noqa: BLE001 - anything that does not survive JSON travels as ranges
+        return False
+
+
+def _spec_header(spec: BatchSpec) -> tuple[dict, list[np.ndarray]]:
+    """The batch's JSON description, its explicit-ranges masks replaced by ``{"name": "ranges", "array":
+    i}``, and those ranges (one array per distinct mask and length)."""
+    from dcp.masks import RangesMask
+
+    descs, ranges, index, seen = [], [], [], {}
+    for s, m in enumerate(spec.masks):
+        keep = _rebuildable(m)
         try:
-            from_description(json.loads(json.dumps(m.describe())))
-            masks.append(m)
-        except Exception:
-            masks.append(RangesMask(np.asarray(spec.kv_ranges(i))))
-    return BatchSpec(spec.seqlens, masks, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.dtype).describe()
-
-
-#: every array of the format, with the dtype kinds it may have (integers, bool, floats)
-ARRAYS = {"tb_seq": "iu", "tb_start": "iu", "tb_len": "iu", "seq_tb_ptr": "iu", "q_tb": "iu", "kv_tb": "iu",
-          "hb": "iu", "unmasked": "iu", "full": "b", "fwd_flops": "f", "bwd_flops": "f", "home": "iu",
-          "tile_device": "iu", "tile_stage": "iu", "forward": "i", "backward": "i"}
-_HEADER_KEYS = ("spec", "cluster", "layout", "planner", "planning_time_s", "notes", "meta", "arrays")
+            key = (m, None) if keep else (m, spec.seqlens[s])
+            hash(key)
+        except TypeError:
+            key = (id(m), None if keep else spec.seqlens[s])
+        if key not in seen:
+            seen[key] = len(descs)
+            if keep:
+                descs.append(m.describe())
+            else:
+                descs.append({"name": "ranges", "array": len(ranges)})
+                ranges.append(m.ranges if isinstance(m, RangesMask) else spec.kv_ranges(s))
+        index.append(seen[key])
+    head = {"seqlens": list(spec.seqlens), "masks": descs, "mask_index": index, "num_heads": spec.num_heads,
+            "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "dtype": spec.dtype}
+    return head, ranges
 
 
 def _plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
-    """The plan's arrays in format order (instruction streams encoded), contiguous."""
+    """The plan's fixed arrays in format order, contiguous."""
     lay, tiles = plan.layout, plan.tiles
     arrays = {
         "tb_seq": lay.tb_seq, "tb_start": lay.tb_start, "tb_len": lay.tb_len, "seq_tb_ptr": lay.seq_tb_ptr,
         "q_tb": tiles.q_tb, "kv_tb": tiles.kv_tb, "hb": tiles.hb, "unmasked": tiles.unmasked,
         "full": tiles.full, "fwd_flops": tiles.fwd_flops, "bwd_flops": tiles.bwd_flops,
-        "home": plan.home, "tile_device": plan.tile_device, "tile_stage": plan.tile_stage,
-        "forward": _encode_program(plan.forward), "backward": _encode_program(plan.backward),
+        "home": plan.home, "tile_device": plan.tile_device,
     }
+    for d in ("forward", "backward"):
+        prog = plan.columns(d)
+        arrays.update({f"{d}.{a}": getattr(prog, a) for a in _PROGRAM_ARRAYS})
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+
+
+def _mask_arrays(ranges: list[np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for i, r in enumerate(ranges):
+        runs, run_len = encode_ranges(r)
+        small = runs.size == 0 or (runs.min() >= -2**31 and runs.max() < 2**31)
+        out[f"mask{i}.runs"] = runs.astype(np.int32 if small else np.int64)
+        out[f"mask{i}.run_len"] = run_len.astype(np.int32 if run_len.max(initial=0) < 2**31 else np.int64)
+    return out
 
 
 def _layout_header(lay: BlockLayout) -> dict:
@@ -139,9 +135,10 @@ def _le(a: np.ndarray) -> np.ndarray:
 
 
 def plan_to_bytes(plan: Plan) -> bytes:
-    arrays = _plan_arrays(plan)
+    spec_head, ranges = _spec_header(plan.spec)
+    arrays = {**_plan_arrays(plan), **_mask_arrays(ranges)}
     header = {
-        "spec": _spec_description(plan.spec),
+        "spec": spec_head,
         "cluster": {"nodes": plan.cluster.nodes, "gpus_per_node": plan.cluster.gpus_per_node},
         "layout": _layout_header(plan.layout),
         "planner": plan.planner, "planning_time_s": plan.planning_time_s, "notes": list(plan.notes),
@@ -149,9 +146,14 @@ def plan_to_bytes(plan: Plan) -> bytes:
         "arrays": [[k, v.dtype.newbyteorder("<").str, list(v.shape)] for k, v in arrays.items()],
     }
     head = json.dumps(header, separators=(",", ":")).encode()
-    body = b"".join(_le(v).tobytes() for v in arrays.values())
-    blob = MAGIC + struct.pack("<IQ", VERSION, len(head)) + head + body
-    return blob + struct.pack("<I", zlib.crc32(blob))
+    crc = zlib.crc32(MAGIC + struct.pack("<IQ", VERSION, len(head)) + head)
+    parts = [MAGIC, struct.pack("<IQ", VERSION, len(head)), head]
+    for v in arrays.values():
+        body = memoryview(_le(v)).cast("B") if v.size else b""
+        crc = zlib.crc32(body, crc)
+        parts.append(body)
+    parts.append(struct.pack("<I", crc))
+    return b"".join(parts)
 
 
 def execution_digest(plan: Plan) -> bytes:
@@ -162,43 +164,64 @@ def execution_digest(plan: Plan) -> bytes:
     import hashlib
 
     h = hashlib.sha256()
-    fixed = {"spec": _spec_description(plan.spec), "layout": _layout_header(plan.layout),
+    spec_head, ranges = _spec_header(plan.spec)
+    fixed = {"spec": spec_head, "layout": _layout_header(plan.layout),
              "cluster": [plan.cluster.nodes, plan.cluster.gpus_per_node]}
     h.update(json.dumps(fixed, sort_keys=True, separators=(",", ":")).encode())
-    for name, a in _plan_arrays(plan).items():
+    for name, a in {**_plan_arrays(plan), **_mask_arrays(ranges)}.items():
         h.update(f"{name}:{a.dtype.newbyteorder('<').str}:{a.shape}".encode())
         h.update(_le(a).tobytes())
     return h.digest()
 
 
-def _read_arrays(data: bytes, specs, pos: int) -> tuple[dict[str, np.ndarray], int]:
+# ----------------------------------------------------------------------------------------- reading
+def _array_rule(name) -> tuple[str, int] | None:
+    if not isinstance(name, str):
+        return None
+    if name in ARRAYS:
+        return ARRAYS[name]
+    head, _, field = name.partition(".")
+    if head.startswith("mask") and head[4:].isdigit() and field in _MASK_ARRAYS:
+        return _MASK_ARRAYS[field]
+    return None
+
+
+def _read_arrays(data: bytes, specs, pos: int) -> dict[str, np.ndarray]:
     """Arrays named by the header's ``[name, dtype, shape]`` list, read from ``data`` at ``pos``."""
     if not isinstance(specs, list) or not all(isinstance(x, list) and len(x) == 3 for x in specs):
         raise SerializationError("plan header: 'arrays' must list [name, dtype, shape] triples")
     names = [x[0] for x in specs]
-    if sorted(map(str, names)) != sorted(ARRAYS) or len(set(map(str, names))) != len(names):
-        raise SerializationError(f"plan header lists arrays {names}, the format has {list(ARRAYS)}")
+    fixed = [n for n in names if n in ARRAYS]
+    if sorted(fixed) != sorted(ARRAYS) or len(set(map(str, names))) != len(names) or \
+            any(_array_rule(n) is None for n in names):
+        raise SerializationError(f"plan header lists arrays {names}, the format has {list(ARRAYS)} (and "
+                                 f"mask<i>.runs / mask<i>.run_len)")
     arrays = {}
     end = len(data) - 4
     for name, dtype, shape in specs:
+        kinds, ndim = _array_rule(name)
         try:
             dt = np.dtype(dtype) if isinstance(dtype, str) else None
         except TypeError:
             dt = None
-        if dt is None or dt.kind not in ARRAYS[name] or dt.byteorder == ">" or dt.itemsize == 0:
+        if dt is None or dt.kind not in kinds or dt.byteorder == ">" or dt.itemsize == 0 or dt.fields:
             raise SerializationError(f"plan array {name!r} has dtype {dtype!r}; expected a little-endian "
-                                     f"{'/'.join({'i': 'int', 'u': 'uint', 'b': 'bool', 'f': 'float'}[k] for k in ARRAYS[name])}")
-        if not (isinstance(shape, list) and len(shape) == 1 and isinstance(shape[0], int)
-                and not isinstance(shape[0], bool) and shape[0] >= 0):
-            raise SerializationError(f"plan array {name!r} has shape {shape!r}; expected one non-negative length")
-        n = shape[0] * dt.itemsize
+                                     f"{'/'.join(_KIND_NAMES[k] for k in kinds)}")
+        width = {1: (), 2: (len(COLUMNS),), 3: (None, 2)}[ndim]
+        if not (isinstance(shape, list) and len(shape) == ndim
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)
+                and all(w is None or x == w for x, w in zip(shape[1:], width))):
+            raise SerializationError(f"plan array {name!r} has shape {shape!r}; expected {ndim} non-negative "
+                                     f"lengths{f' ending in {[w or -1 for w in width]}' if width else ''}")
+        count = int(np.prod(shape))
+        n = count * dt.itemsize
         if pos + n > end:
             raise SerializationError(f"plan bytes are truncated in array {name!r}")
-        arrays[name] = np.frombuffer(data, dtype=dt, count=shape[0], offset=pos).copy()
+        arrays[name] = np.frombuffer(data, dtype=dt, count=count, offset=pos).reshape(shape).copy()
         pos += n
     if pos != end:
         raise SerializationError(f"plan bytes hold {end - pos} bytes after the last array")
-    return arrays, pos
+    return arrays
 
 
 def _header_fields(header) -> dict:
@@ -223,6 +246,36 @@ def _header_fields(header) -> dict:
     return header
 
 
+def _spec_from_header(d: dict, arrays: dict[str, np.ndarray]) -> BatchSpec:
+    """Inverse of ``_spec_header`` (raises ``DcpError``/``KeyError``/``TypeError``/``ValueError`` when the
+    description is malformed; the caller names them)."""
+    from dcp.masks import RangesMask, from_description
+
+    used = set()
+    masks = []
+    for m in d["masks"]:
+        if isinstance(m, dict) and m.get("name") == "ranges" and "array" in m:
+            i = m["array"]
+            if sorted(m) != ["array", "name"] or not isinstance(i, int) or isinstance(i, bool) or \
+                    f"mask{i}.runs" not in arrays or f"mask{i}.run_len" not in arrays:
+                raise ValueError(f"mask {m!r} names no ranges arrays of the plan")
+            runs, run_len = arrays[f"mask{i}.runs"], arrays[f"mask{i}.run_len"]
+            if runs.shape[0] != run_len.size or (run_len <= 0).any():
+                raise ValueError(f"ranges arrays of mask {i} do not describe runs of tokens")
+            masks.append(RangesMask(decode_ranges(runs, run_len)))
+            used.add(i)
+        else:
+            masks.append(from_description(m))
+    extra = {n for n in arrays if n.startswith("mask")} - {f"mask{i}.{f}" for i in used for f in _MASK_ARRAYS}
+    if extra:
+        raise ValueError(f"arrays {sorted(extra)} belong to no mask")
+    index = d["mask_index"]
+    if not isinstance(index, list) or not all(isinstance(i, int) and 0 <= i < len(masks) for i in index):
+        raise ValueError(f"mask_index {index!r:.80} must list indices of the {len(masks)} masks")
+    return BatchSpec(d["seqlens"], [masks[i] for i in index], d["num_heads"], d["num_kv_heads"], d["head_dim"],
+                     d["dtype"])
+
+
 def plan_from_bytes(data: bytes) -> Plan:
     """Parse ``plan_to_bytes`` output. Raises ``SerializationError`` for anything that is not such bytes
     (corrupt, truncated, another version, or a well-checksummed but malformed header or array). The
@@ -237,7 +290,10 @@ def plan_from_bytes(data: bytes) -> Plan:
         raise SerializationError("plan bytes are corrupt (checksum mismatch)")
     version, head_len = struct.unpack("<IQ", data[len(MAGIC):len(MAGIC) + 12])
     if version != VERSION:
-        raise SerializationError(f"plan format version {version} is not supported (this dcp reads {VERSION})")
+        old = " (version 1 held per-device instruction streams; plan the batch again with this dcp)" \
+            if version < VERSION else ""
+        raise SerializationError(f"plan format version {version} is not supported (this dcp reads {VERSION}, "
+                                 f"columnar programs){old}")
     pos = len(MAGIC) + 12
     if pos + head_len > len(data) - 4:
         raise SerializationError(f"plan header length {head_len} exceeds the {len(data)} bytes")
@@ -246,9 +302,9 @@ def plan_from_bytes(data: bytes) -> Plan:
     except ValueError as err:
         raise SerializationError(f"plan header is not valid JSON: {err}") from err
     header = _header_fields(header)
-    arrays, _ = _read_arrays(data, header["arrays"], pos + head_len)
+    arrays = _read_arrays(data, header["arrays"], pos + head_len)
     try:
-        spec = BatchSpec.from_description(header["spec"])
+        spec = _spec_from_header(header["spec"], arrays)
         cluster = Cluster(**header["cluster"])
     except (DcpError, KeyError, TypeError, ValueError, IndexError) as err:
         raise SerializationError(f"plan header describes no valid batch and cluster: {type(err).__name__}: "
@@ -258,7 +314,6 @@ def plan_from_bytes(data: bytes) -> Plan:
                          lh["head_block_size"], lh["n_head_blocks"], lh["kv_heads_per_block"], lh["group_size"])
     tiles = TileSet(arrays["q_tb"], arrays["kv_tb"], arrays["hb"], arrays["unmasked"], arrays["full"],
                     arrays["fwd_flops"], arrays["bwd_flops"])
-    n = cluster.n_devices
-    return Plan(spec, cluster, layout, tiles, arrays["home"], arrays["tile_device"], arrays["tile_stage"],
-                _decode_program(arrays["forward"], n), _decode_program(arrays["backward"], n),
+    fwd, bwd = (Program(d, *(arrays[f"{d}.{a}"] for a in _PROGRAM_ARRAYS)) for d in ("forward", "backward"))
+    return Plan(spec, cluster, layout, tiles, arrays["home"], arrays["tile_device"], fwd, bwd,
                 header["planner"], float(header["planning_time_s"]), tuple(header["notes"]), dict(header["meta"]))

@@ -5,7 +5,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dcp.plan import CommLaunch, Plan
+from dcp.plan import Plan
+from dcp.program import DST, KIND, ROUND, SRC, TB
 from dcp.units import unit_bytes
 
 
@@ -42,20 +43,9 @@ class PlanStats:
 
 def transfer_table(plan: Plan, direction: str) -> np.ndarray:
     """int64 ``[n, 4]`` rows (src, dst, round, bytes) of every transfer of a direction."""
-    rows = []
-    for p in plan.program(direction):
-        for ins in p.instructions:
-            if isinstance(ins, CommLaunch):
-                for unit, peer in ins.sends:
-                    rows.append((p.device, peer, ins.round, int(unit.kind), unit.tb))
-    if not rows:
-        return np.zeros((0, 4), dtype=np.int64)
-    arr = np.asarray(rows, dtype=np.int64)
-    nbytes = np.zeros(arr.shape[0], dtype=np.int64)
-    for kind in np.unique(arr[:, 3]):
-        sel = arr[:, 3] == kind
-        nbytes[sel] = unit_bytes(plan.spec, plan.layout, int(kind), arr[sel, 4])
-    return np.stack([arr[:, 0], arr[:, 1], arr[:, 2], nbytes], axis=1)
+    tr = plan.columns(direction).transfers.astype(np.int64)
+    nbytes = unit_bytes(plan.spec, plan.layout, tr[:, KIND], tr[:, TB])
+    return np.stack([tr[:, SRC], tr[:, DST], tr[:, ROUND], nbytes], axis=1)
 
 
 def plan_stats(plan: Plan) -> PlanStats:

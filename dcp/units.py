@@ -44,5 +44,7 @@ def bytes_per_token(spec: BatchSpec, layout: BlockLayout) -> dict[Kind, int]:
 
 
 def unit_bytes(spec: BatchSpec, layout: BlockLayout, kind, tb) -> np.ndarray:
-    """Bytes of unit(s) of ``kind`` for token block(s) ``tb`` (one head block)."""
-    return bytes_per_token(spec, layout)[Kind(kind)] * layout.tb_len[np.asarray(tb)].astype(np.int64)
+    """Bytes of unit(s) of ``kind`` (one kind, or an int array of kinds) for token block(s) ``tb``
+    (one head block each), int64."""
+    per_token = np.array([bytes_per_token(spec, layout)[k] for k in Kind], dtype=np.int64)
+    return per_token[np.asarray(kind, dtype=np.int64)] * layout.tb_len[np.asarray(tb)].astype(np.int64)

@@ -1,239 +1,221 @@
 """The plan validator: proves that a plan computes its batch's attention, and runs without deadlock.
 
 First the static checks (``dcp.validate_arrays``): the layout covers the batch, the tiles are exactly
-those the masks give (which pairs, which masked area, which are full), every index is in range. Then
-every device's program is simulated in lockstep, per direction (forward, backward):
-- every tile runs exactly once, on its assigned device, after all its inputs are present there;
-- every device launches and waits the same rounds, in order, each launch before its wait;
-- every send has a matching receive of the same unit between the same devices in the same round,
-  and a device only sends an input it holds (home or received in an earlier round);
-- every partial output is sent at most once, never changed after being sent, and merged exactly once:
-  at the end each home holds, for each of its output units, the contributions of exactly that unit's
-  tiles, each once, and no partial is left unmerged anywhere;
-- the dependency graph (program order plus send → wait edges) is acyclic: no device deadlocks.
+those the masks give (which pairs, which masked area, which are full), every field of the program tables
+is in range. Then, per direction, the program's tables (``dcp.program``) are checked with sorts,
+group-bys and searches, so validation is linear in the plan (up to the sorts' log factor):
+
+- every tile runs exactly once, on its assigned device: by construction (one stage per tile);
+- every send has a matching receive of the same unit between the same devices in the same round, and
+  every device launches and waits the same rounds in order: by construction (a transfer row is both;
+  the canonical streams launch every round);
+- inputs before use: every tile's q-side and kv-side inputs are held by its device by its stage (home
+  there, or received in a round <= the stage), and a device only sends an input it holds (home, or
+  received in an earlier round): relays forward only what has arrived;
+- partials: a device sends its partial of a unit at most once, only with something in it (a tile or a
+  merge), and after everything that adds to it (tiles of stages <= round - 2, merges of rounds <= round
+  - 1), so a partial never changes after it left; every partial sent is merged exactly once by its
+  receiver, no earlier than the round it arrives in; and following the sends from the accumulator every
+  tile adds to ends at that unit's home. Each accumulator sends at most once, so the sends form a forest
+  whose roots hold everything sent into them: each home ends up with every tile of its output units,
+  each once, and no partial is left on another device;
+- no dependency cycle (deadlock): by construction, as ``dcp.program`` proves for the canonical streams.
+
+``dcp.validate_reference`` checks the same properties by simulating the instruction view one instruction
+at a time; tests demand both give the same verdict.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
-from dcp.errors import PlanValidationError
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
-from dcp.units import Kind
-from dcp.validate_arrays import check_arrays, check_instructions
+from dcp import setops
+from dcp.plan import Plan
+from dcp.program import DST, HB, KIND, ROUND, SRC, TB
+from dcp.units import INPUT_KINDS, Kind
+from dcp.validate_arrays import Problems, _first, check_arrays
 
-_IN = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
-_OUT = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))}  # (kind, 0: q side / 1: kv side)
-
-
-class _Problems:
-    def __init__(self, limit=20):
-        self.items, self.limit = [], limit
-
-    def add(self, msg):
-        if len(self.items) < self.limit:
-            self.items.append(msg)
-
-    def raise_if_any(self):
-        if self.items:
-            raise PlanValidationError("plan is invalid:\n  " + "\n  ".join(self.items))
+_N_KINDS = len(Kind)
+_NEVER = np.iinfo(np.int64).max
+#: output kinds of each direction with the tile side that keys them (0: q block, 1: kv block)
+_OUTPUTS = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))}
 
 
 def validate(plan: Plan) -> None:
     """Raise ``PlanValidationError`` listing the first problems found; return None for a valid plan."""
-    pb = _Problems()
+    pb = Problems()
     check_arrays(plan, pb)
     pb.raise_if_any()
     for direction in ("forward", "backward"):
-        check_instructions(plan, direction, pb)
-        pb.raise_if_any()
-        _check_program(plan, direction, pb)
+        _Check(plan, direction, pb).run()
         pb.raise_if_any()
 
 
-_MASK64 = (1 << 64) - 1
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default: int) -> np.ndarray:
+    """``values`` of the sorted, unique ``keys`` at ``query`` (``default`` where absent)."""
+    if keys.size == 0:
+        return np.full(query.shape, default, dtype=np.int64)
+    idx = np.minimum(np.searchsorted(keys, query), keys.size - 1)
+    return np.where(keys[idx] == query, values[idx], default)
 
 
-def _tile_hashes(n: int) -> np.ndarray:
-    """A fixed random 64-bit tag per tile: a partial's (count, tag sum mod 2^64) identifies its set of
-    contributions, so "each tile merged exactly once" is checked without carrying sets of tile ids."""
-    return np.random.default_rng(0x5EED).integers(0, 2**63, size=n, dtype=np.int64).astype(np.uint64)
+def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted unique keys, the smallest value of each)."""
+    order = np.lexsort((values, keys))
+    k = keys[order]
+    first = np.r_[True, k[1:] != k[:-1]] if k.size else np.zeros(0, dtype=bool)
+    return k[first], values[order][first]
 
 
-def _check_program(plan: Plan, direction: str, pb: _Problems) -> None:
-    tiles, home, n_dev = plan.tiles, plan.home, plan.n_devices
-    nhb = plan.layout.n_head_blocks
-    n_units = plan.layout.n_token_blocks * nhb
-    in_q, in_kv = _IN[direction]
-    prog = plan.program(direction)
-    q_unit = tiles.q_tb.astype(np.int64) * nhb + tiles.hb
-    kv_unit = tiles.kv_tb.astype(np.int64) * nhb + tiles.hb
-    side_unit = (q_unit, kv_unit)
-    tags = _tile_hashes(tiles.n_tiles)
-    # expected (count, tag sum) per output unit
-    expected = {}
-    for kind, side in _OUT[direction]:
-        uniq, inv = np.unique(side_unit[side], return_inverse=True)
-        cnt = np.bincount(inv, minlength=uniq.size)
-        tag = np.zeros(uniq.size, dtype=np.uint64)
-        np.add.at(tag, inv, tags)
-        for u, c, h in zip(uniq.tolist(), cnt.tolist(), tag.tolist()):
-            expected[kind, u] = (c, h)
-    # inputs present per device: home units, then received ones
-    have = {in_q: np.zeros((n_dev, n_units), dtype=bool), in_kv: np.zeros((n_dev, n_units), dtype=bool)}
-    home_unit_dev = np.repeat(home.astype(np.int64), nhb)
-    for arr in have.values():
-        arr[home_unit_dev, np.arange(n_units)] = True
-    acc = [dict() for _ in range(n_dev)]     # (kind, unit) -> (count, tag sum) merged here
-    sent = [set() for _ in range(n_dev)]     # output (kind, unit) already sent away
-    inbox = [dict() for _ in range(n_dev)]   # (kind, unit, src) -> (count, tag sum), after its wait
-    ran = np.zeros(tiles.n_tiles, dtype=np.int64)
-    segments, rounds = _segments(prog, direction, pb)
-    if pb.items:
-        return
-    flight = defaultdict(list)  # (round, dst) -> [(kind, unit, src, payload)]
-    send_edges = set()
-
-    def uid(unit):
-        return unit.tb * nhb + unit.hb
-
-    def run(d, ins, idx):
-        if isinstance(ins, CommLaunch):
-            for unit, peer in ins.sends:
-                if unit.kind in have:
-                    if not have[unit.kind][d, uid(unit)]:
-                        pb.add(f"{direction} device {d} round {ins.round}: sends {unit} it does not hold")
-                    payload = None
-                else:
-                    key = (unit.kind, uid(unit))
-                    if key in sent[d]:
-                        pb.add(f"{direction} device {d}: sends partial {unit} twice")
-                    sent[d].add(key)
-                    payload = acc[d].pop(key, None)
-                    if payload is None:
-                        pb.add(f"{direction} device {d} round {ins.round}: sends an empty partial {unit}")
-                        payload = (0, 0)
-                flight[ins.round, peer].append((unit.kind, uid(unit), d, payload))
-                send_edges.add(((d, idx), (peer, ins.round)))
-        elif isinstance(ins, CommWait):
-            for kind, u, src, payload in flight.pop((ins.round, d), ()):
-                if payload is None:
-                    have[kind][d, u] = True
-                else:
-                    inbox[d][kind, u, src] = payload
-        elif isinstance(ins, Compute):
-            t = np.asarray(ins.tiles, dtype=np.int64)
-            if t.size == 0:
-                return
-            wrong = plan.tile_device[t] != d
-            if wrong.any():
-                pb.add(f"{direction} device {d}: runs tile {int(t[wrong][0])} assigned to device "
-                       f"{int(plan.tile_device[t[wrong][0]])}")
-            np.add.at(ran, t, 1)
-            for kind, units in ((in_q, q_unit[t]), (in_kv, kv_unit[t])):
-                missing = ~have[kind][d, units]
-                if missing.any():
-                    pb.add(f"{direction} device {d} stage {ins.stage}: tile {int(t[missing][0])} needs "
-                           f"{kind.name} unit {int(units[missing][0])}, not yet there")
-            for kind, side in _OUT[direction]:
-                uniq, inv = np.unique(side_unit[side][t], return_inverse=True)
-                cnt = np.bincount(inv, minlength=uniq.size)
-                tag = np.zeros(uniq.size, dtype=np.uint64)
-                np.add.at(tag, inv, tags[t])
-                for u, c, h in zip(uniq.tolist(), cnt.tolist(), tag.tolist()):
-                    key = (kind, u)
-                    if key in sent[d]:
-                        pb.add(f"{direction} device {d}: a tile adds to {kind.name} unit {u} after it was sent")
-                    c0, h0 = acc[d].get(key, (0, 0))
-                    acc[d][key] = (c0 + c, (h0 + h) & _MASK64)
-        elif isinstance(ins, Reduce):
-            key = (ins.unit.kind, uid(ins.unit))
-            if key in sent[d]:
-                pb.add(f"{direction} device {d}: reduces into {ins.unit} after sending it")
-            for src in ins.sources:
-                payload = inbox[d].pop((*key, src), None)
-                if payload is None:
-                    pb.add(f"{direction} device {d}: reduces {ins.unit} from {src}, which it never received")
-                    continue
-                c0, h0 = acc[d].get(key, (0, 0))
-                acc[d][key] = (c0 + payload[0], (h0 + payload[1]) & _MASK64)
-
-    for r in range(0, rounds + 1):
-        # every device posts round r before any waits on it, as grouped p2p does
-        bases = [sum(len(s) for s in segments[d][:r]) for d in range(n_dev)]
-        if r > 0:
-            for d in range(n_dev):
-                run(d, segments[d][r][0], bases[d])
-            for d in range(n_dev):
-                got = sorted((k, u, s) for k, u, s, _ in flight.get((r, d), ()))
-                want = sorted((t.unit.kind, uid(t.unit), t.peer) for t in segments[d][r][0].recvs)
-                if got != want:
-                    pb.add(f"{direction} device {d} round {r}: posts {len(want)} receives but "
-                           f"{len(got)} units are sent to it (or they differ)")
-        for d in range(n_dev):
-            for i, ins in enumerate(segments[d][r][1 if r > 0 else 0:], start=1 if r > 0 else 0):
-                run(d, ins, bases[d] + i)
-    if (ran != 1).any():
-        t = int(np.flatnonzero(ran != 1)[0])
-        pb.add(f"{direction}: tile {t} runs {int(ran[t])} times (must be exactly once)")
-    for d in range(n_dev):
-        for (kind, u, src) in inbox[d]:
-            pb.add(f"{direction} device {d}: partial {kind.name} unit {u} from {src} is never merged")
-        for (kind, u), got in acc[d].items():
-            if home[u // nhb] != d:
-                pb.add(f"{direction} device {d}: partial {kind.name} unit {u} is never sent home")
-            elif got != expected.get((kind, u)):
-                pb.add(f"{direction}: home {d} of {kind.name} unit {u} merged {got[0]} contributions, "
-                       f"expected its {expected.get((kind, u), (0,))[0]} tiles each once")
-    for (kind, u) in expected:
-        if (kind, u) not in acc[int(home[u // nhb])]:
-            pb.add(f"{direction}: output {kind.name} unit {u} never reaches its home")
-    _check_acyclic(plan, direction, send_edges, pb)
+def _repeated(keys: np.ndarray) -> np.ndarray:
+    """Positions (into ``keys``) of every occurrence after the first of a repeated key."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    return order[1:][k[1:] == k[:-1]]
 
 
-def _segments(prog, direction, pb):
-    """Split each program at its launches; check rounds are launched and waited 1..R in order."""
-    segments, rounds = [], None
-    for d, p in enumerate(prog):
-        segs, cur, launched, waited = [], [], [], []
-        for ins in p.instructions:
-            if isinstance(ins, CommLaunch):
-                segs.append(cur)
-                cur = [ins]
-                launched.append(ins.round)
-            else:
-                if isinstance(ins, CommWait):
-                    waited.append(ins.round)
-                    if not launched or launched[-1] != ins.round:
-                        pb.add(f"{direction} device {d}: waits round {ins.round} without launching it just before")
-                cur.append(ins)
-        segs.append(cur)
-        segments.append(segs)
-        if launched != list(range(1, len(launched) + 1)) or waited != launched:
-            pb.add(f"{direction} device {d}: rounds launched {launched[:8]}.. waited {waited[:8]}.. must be 1..R in order")
-        if rounds is None:
-            rounds = len(launched)
-        elif rounds != len(launched):
-            pb.add(f"{direction}: device {d} has {len(launched)} rounds, device 0 has {rounds}")
-    return segments, rounds or 0
+class _Check:
+    """One direction's dynamic checks (module docstring). Keys: a *node* is (device, kind, unit), an
+    accumulator or a held input, encoded ``(device * n_kinds + kind) * n_units + unit`` with unit =
+    ``tb * n_head_blocks + hb``."""
 
+    def __init__(self, plan: Plan, direction: str, pb: Problems):
+        self.plan, self.direction, self.pb = plan, direction, pb
+        self.nhb = plan.layout.n_head_blocks
+        self.n_units = plan.layout.n_token_blocks * self.nhb
+        self.home = plan.home.astype(np.int64)
+        prog = plan.columns(direction)
+        self.stage = prog.tile_stage.astype(np.int64)
+        self.tr = prog.transfers.astype(np.int64)
+        self.mg = prog.merges.astype(np.int64)
+        self.is_input = np.isin(self.tr[:, KIND], [int(k) for k in INPUT_KINDS[direction]])
 
-def _check_acyclic(plan: Plan, direction: str, send_edges, pb: _Problems) -> None:
-    """Only launches and waits create cross-device dependencies, so the graph keeps just those
-    instructions, in program order, plus an edge from each sender's launch to the receiver's wait."""
-    import networkx as nx
+    def node(self, device, kind, unit) -> np.ndarray:
+        return (np.asarray(device, np.int64) * _N_KINDS + kind) * self.n_units + unit
 
-    g = nx.DiGraph()
-    waits = {}
-    for p in plan.program(direction):
-        sync = [i for i, ins in enumerate(p.instructions) if isinstance(ins, (CommLaunch, CommWait))]
-        g.add_nodes_from((p.device, i) for i in sync)
-        g.add_edges_from(((p.device, a), (p.device, b)) for a, b in zip(sync, sync[1:]))
-        waits[p.device] = {ins.round: i for i, ins in enumerate(p.instructions) if isinstance(ins, CommWait)}
-    for (src, i), (dst, rnd) in send_edges:
-        if rnd in waits.get(dst, {}):
-            g.add_edge((src, i), (dst, waits[dst][rnd]))
-    if not nx.is_directed_acyclic_graph(g):
-        cycle = nx.find_cycle(g)
-        pb.add(f"{direction}: dependency cycle (deadlock) through {cycle[:4]}")
+    def unit(self, rows: np.ndarray) -> np.ndarray:
+        return rows[:, TB] * self.nhb + rows[:, HB]
+
+    def name(self, kind: int, unit: int) -> str:
+        return f"{Kind(int(kind)).name}[{int(unit) // self.nhb},{int(unit) % self.nhb}]"
+
+    def run(self) -> None:
+        self.inputs()
+        self.partials()
+
+    # -- inputs: held before use, relayed only once held
+    def inputs(self) -> None:
+        d, tiles, pb = self.direction, self.plan.tiles, self.pb
+        rows = self.tr[self.is_input]
+        unit = self.unit(rows)
+        keys, first = _group_min(self.node(rows[:, DST], rows[:, KIND], unit), rows[:, ROUND])
+
+        def held_since(device, kind, unit_):
+            """Round after which ``device`` holds the input (0: home; _NEVER: never)."""
+            since = _lookup(keys, first, self.node(device, kind, unit_), _NEVER)
+            return np.where(self.home[unit_ // self.nhb] == device, 0, since)
+
+        bad = held_since(rows[:, SRC], rows[:, KIND], unit) >= rows[:, ROUND]
+        if bad.any():
+            i = _first(bad)
+            pb.add(f"{d} device {int(rows[i, SRC])} round {int(rows[i, ROUND])}: sends "
+                   f"{self.name(rows[i, KIND], unit[i])} it does not hold")
+        dev = self.plan.tile_device.astype(np.int64)
+        hb = tiles.hb.astype(np.int64)
+        for kind, blocks in zip(INPUT_KINDS[d], (tiles.q_tb, tiles.kv_tb)):
+            u = blocks.astype(np.int64) * self.nhb + hb
+            late = held_since(dev, int(kind), u) > self.stage
+            if late.any():
+                t = _first(late)
+                pb.add(f"{d} device {int(dev[t])} stage {int(self.stage[t])}: tile {t} needs "
+                       f"{self.name(kind, u[t])}, not yet there")
+
+    # -- partials: sent once, complete, merged once, reaching home
+    def partials(self) -> None:
+        d, pb, tiles = self.direction, self.pb, self.plan.tiles
+        dev, hb = self.plan.tile_device.astype(np.int64), tiles.hb.astype(np.int64)
+        tile_node = np.concatenate([self.node(dev, int(k), (tiles.kv_tb if side else tiles.q_tb).astype(np.int64)
+                                              * self.nhb + hb) for k, side in _OUTPUTS[d]])
+        tile_stage = np.tile(self.stage, len(_OUTPUTS[d]))
+        sends = self.tr[~self.is_input]
+        s_unit = self.unit(sends)
+        s_node = self.node(sends[:, SRC], sends[:, KIND], s_unit)
+        r_node = self.node(sends[:, DST], sends[:, KIND], s_unit)
+        s_round = sends[:, ROUND]
+        m_unit = self.unit(self.mg)
+        m_node = self.node(self.mg[:, DST], self.mg[:, KIND], m_unit)
+        m_round = self.mg[:, ROUND]
+        twice = _repeated(s_node)
+        if twice.size:
+            i = int(twice[0])
+            pb.add(f"{d} device {int(sends[i, SRC])}: sends partial {self.name(sends[i, KIND], s_unit[i])} twice")
+            return
+        # every partial sent is merged exactly once by its receiver, not before it arrives
+        n_dev = self.plan.n_devices
+        t_pair, m_pair = r_node * n_dev + sends[:, SRC], m_node * n_dev + self.mg[:, SRC]
+        order = np.argsort(t_pair)
+        t_keys, t_rounds = t_pair[order], s_round[order]
+        again = _repeated(m_pair)
+        if again.size:
+            i = int(again[0])
+            pb.add(f"{d} device {int(self.mg[i, DST])}: merges {self.name(self.mg[i, KIND], m_unit[i])} from "
+                   f"device {int(self.mg[i, SRC])} twice")
+        arrived = _lookup(t_keys, t_rounds, m_pair, _NEVER)
+        early = arrived > m_round
+        if early.any():
+            i = _first(early)
+            what = "which it never received" if arrived[i] == _NEVER else f"before it arrives in round {int(arrived[i])}"
+            pb.add(f"{d} device {int(self.mg[i, DST])} round {int(m_round[i])}: merges "
+                   f"{self.name(self.mg[i, KIND], m_unit[i])} from device {int(self.mg[i, SRC])}, {what}")
+        lost = ~setops.isin(t_pair, m_pair)
+        if lost.any():
+            i = _first(lost)
+            pb.add(f"{d} device {int(sends[i, DST])}: partial {self.name(sends[i, KIND], s_unit[i])} from device "
+                   f"{int(sends[i, SRC])} is never merged")
+        # a partial is sent after everything that adds to it, and not empty
+        order = np.argsort(s_node)
+        s_keys, s_rounds = s_node[order], s_round[order]
+        sent_in = _lookup(s_keys, s_rounds, tile_node, _NEVER)
+        late = tile_stage > sent_in - 2
+        if late.any():
+            i = _first(late)
+            t = i % self.stage.size
+            pb.add(f"{d} device {int(dev[t])}: tile {t} (stage {int(tile_stage[i])}) adds to partial "
+                   f"{self.name(tile_node[i] // self.n_units % _N_KINDS, tile_node[i] % self.n_units)} after it "
+                   f"was sent in round {int(sent_in[i])}")
+        sent_in = _lookup(s_keys, s_rounds, m_node, _NEVER)
+        late = m_round >= sent_in
+        if late.any():
+            i = _first(late)
+            pb.add(f"{d} device {int(self.mg[i, DST])}: merges into {self.name(self.mg[i, KIND], m_unit[i])} in "
+                   f"round {int(m_round[i])}, after sending it in round {int(sent_in[i])}")
+        empty = ~(setops.isin(s_node, tile_node) | setops.isin(s_node, m_node))
+        if empty.any():
+            i = _first(empty)
+            pb.add(f"{d} device {int(sends[i, SRC])} round {int(s_round[i])}: sends an empty partial "
+                   f"{self.name(sends[i, KIND], s_unit[i])}")
+        if not pb.items:
+            self.roots(tile_node, s_node, r_node)
+
+    def roots(self, tile_node: np.ndarray, s_node: np.ndarray, r_node: np.ndarray) -> None:
+        """Follow the sends from every tile's accumulator (pointer jumping); each must end at its unit's
+        home. Sends go to strictly later rounds (checked above), so the chains end."""
+        nodes = setops.unique(np.concatenate([tile_node, s_node, r_node]))
+        nxt = np.arange(nodes.size)
+        nxt[np.searchsorted(nodes, s_node)] = np.searchsorted(nodes, r_node)
+        for _ in range(max(1, int(nodes.size).bit_length()) + 1):
+            jumped = nxt[nxt]
+            if np.array_equal(jumped, nxt):
+                break
+            nxt = jumped
+        else:
+            self.pb.add(f"{self.direction}: partials are sent around in a cycle")
+            return
+        end = nodes[nxt[np.searchsorted(nodes, tile_node)]]
+        unit, end_dev = end % self.n_units, end // (_N_KINDS * self.n_units)
+        stray = end_dev != self.home[unit // self.nhb]
+        if stray.any():
+            i = _first(stray)
+            t = i % self.stage.size
+            kind = end[i] // self.n_units % _N_KINDS
+            self.pb.add(f"{self.direction}: partial {self.name(kind, unit[i])} of tile {t} ends on device "
+                        f"{int(end_dev[i])}, never sent home to device {int(self.home[unit[i] // self.nhb])}")

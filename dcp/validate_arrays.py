@@ -1,7 +1,7 @@
-"""The static half of the validator: a plan's arrays and instruction fields, checked against its batch.
+"""The static half of the validator: a plan's arrays and program tables, checked against its batch.
 
-What it proves (``check_arrays``, then ``check_instructions`` per direction), before the lockstep
-simulation in ``dcp.validate`` runs:
+What it proves (``check_arrays``, with ``check_columns`` per direction), before the dynamic checks of
+``dcp.validate`` (and of its reference, ``dcp.validate_reference``) run:
 - every array has the right type, dtype kind and length;
 - the block layout covers the batch: token blocks tile the packed rows contiguously in order, each
   inside one sequence (``tb_seq`` / ``tb_start`` / ``tb_len`` / ``seq_tb_ptr`` agree with the spec's
@@ -11,8 +11,10 @@ simulation in ``dcp.validate`` runs:
   (``unmasked``), which are fully unmasked (``full``, which lets kernels skip masking) and their FLOPs;
   the plan's tile arrays must equal them. So a plan cannot compute a pair the masks exclude, skip one
   they include, or mask a tile it calls full;
-- every index (homes, tile devices, units, peers, tile ids, merge sources) is in range, every unit kind
-  belongs to its direction, and the forward program runs each tile in the stage ``tile_stage`` names.
+- each direction's program (``dcp.program.Program``) has the right shape: ``tile_stage`` one stage >= 0
+  per tile, ``transfers`` and ``merges`` int ``[n, 6]`` tables whose every field is in range (units of
+  the direction's kinds, merges of its output kinds only, token and head blocks of the layout, devices of
+  the cluster, a peer other than the device itself, rounds from 1 to ``MAX_ROUND``).
 """
 from __future__ import annotations
 
@@ -20,16 +22,32 @@ import numpy as np
 
 from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
-from dcp.errors import DcpError
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
+from dcp.errors import DcpError, PlanValidationError
+from dcp.plan import Plan
+from dcp.program import COLUMNS, DST, HB, KIND, ROUND, SRC, TB, Program
 from dcp.spec import BatchSpec
 from dcp.units import INPUT_KINDS, OUTPUT_KINDS
 
+#: rounds and stages beyond this are refused: every device steps through each of them
+MAX_ROUND = 1 << 24
+
+class Problems:
+    """The first ``limit`` problems a validator finds; ``raise_if_any`` raises them as one error."""
+
+    def __init__(self, limit: int = 20):
+        self.items: list[str] = []
+        self.limit = limit
+
+    def add(self, msg: str) -> None:
+        if len(self.items) < self.limit:
+            self.items.append(msg)
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            raise PlanValidationError("plan is invalid:\n  " + "\n  ".join(self.items))
+
+
 _KIND_NAMES = {"i": "int", "u": "uint", "b": "bool", "f": "float"}
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _vector(pb, name: str, a, kinds: str, n: int | None = None) -> bool:
@@ -67,8 +85,7 @@ def check_arrays(plan: Plan, pb) -> None:
     checks = [("tiles.kv_tb", tiles.kv_tb, "iu", n_t), ("tiles.hb", tiles.hb, "iu", n_t),
               ("tiles.unmasked", tiles.unmasked, "iu", n_t), ("tiles.full", tiles.full, "b", n_t),
               ("tiles.fwd_flops", tiles.fwd_flops, "f", n_t), ("tiles.bwd_flops", tiles.bwd_flops, "f", n_t),
-              ("home", plan.home, "iu", n_tb), ("tile_device", plan.tile_device, "iu", n_t),
-              ("tile_stage", plan.tile_stage, "iu", n_t)]
+              ("home", plan.home, "iu", n_tb), ("tile_device", plan.tile_device, "iu", n_t)]
     if not all([_vector(pb, *c) for c in checks]):
         return
     _check_tiles(plan, pb)
@@ -79,11 +96,47 @@ def check_arrays(plan: Plan, pb) -> None:
     if n_t and (plan.tile_device.min() < 0 or plan.tile_device.max() >= n_dev):
         pb.add(f"tile {_first((plan.tile_device < 0) | (plan.tile_device >= n_dev))} is assigned to a device "
                f"outside the {n_dev}-device cluster")
-    if n_t and plan.tile_stage.min() < 0:
-        pb.add(f"tile {_first(plan.tile_stage < 0)} has a negative stage")
-    for name, prog in (("forward", plan.forward), ("backward", plan.backward)):
-        if len(prog) != n_dev or any(getattr(p, "device", None) != d for d, p in enumerate(prog)):
-            pb.add(f"{name} program must list devices 0..{n_dev - 1} in order")
+    for direction in ("forward", "backward"):
+        check_columns(plan, direction, pb)
+
+
+def _table(pb, name: str, a) -> bool:
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or a.shape[1] != len(COLUMNS) or a.dtype.kind not in "iu":
+        got = f"{a.dtype} array of shape {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        pb.add(f"{name} must be an int [n, {len(COLUMNS)}] table of {COLUMNS}, got {got}")
+        return False
+    return True
+
+
+def check_columns(plan: Plan, direction: str, pb) -> None:
+    """One direction's program tables: types, shapes and every field in range (module docstring)."""
+    prog = getattr(plan, direction)
+    if not isinstance(prog, Program) or prog.direction != direction:
+        got = f"a {prog.direction} Program" if isinstance(prog, Program) else type(prog).__name__
+        pb.add(f"plan.{direction} must be the {direction} dcp.program.Program, got {got}")
+        return
+    n_dev, n_tb, nhb = plan.n_devices, plan.layout.n_token_blocks, plan.layout.n_head_blocks
+    if not (_vector(pb, f"{direction} tile_stage", prog.tile_stage, "iu", plan.tiles.n_tiles)
+            & _table(pb, f"{direction} transfers", prog.transfers) & _table(pb, f"{direction} merges", prog.merges)):
+        return
+    st = prog.tile_stage
+    if st.size and (st.min() < 0 or st.max() >= MAX_ROUND):
+        pb.add(f"{direction}: tile {_first((st < 0) | (st >= MAX_ROUND))} has stage "
+               f"{int(st[_first((st < 0) | (st >= MAX_ROUND))])}, outside 0..{MAX_ROUND - 1}")
+    kinds = [int(k) for k in (*INPUT_KINDS[direction], *OUTPUT_KINDS[direction])]
+    for what, rows, allowed in (("transfer", prog.transfers, kinds),
+                                ("merge", prog.merges, [int(k) for k in OUTPUT_KINDS[direction]])):
+        if not rows.shape[0]:
+            continue
+        r = rows.astype(np.int64, copy=False)
+        bad = (~np.isin(r[:, KIND], allowed) | (r[:, TB] < 0) | (r[:, TB] >= n_tb) | (r[:, HB] < 0)
+               | (r[:, HB] >= nhb) | (r[:, SRC] < 0) | (r[:, SRC] >= n_dev) | (r[:, DST] < 0) | (r[:, DST] >= n_dev)
+               | (r[:, SRC] == r[:, DST]) | (r[:, ROUND] < 1) | (r[:, ROUND] >= MAX_ROUND))
+        if bad.any():
+            kd, b, h, src, dst, rnd = (int(x) for x in r[_first(bad)])
+            pb.add(f"{direction} {what} row {_first(bad)} (kind {kd}, token block {b}, head block {h}, device "
+                   f"{src} -> {dst}, round {rnd}): a unit kind of another direction, a block, device or round "
+                   f"out of range, or a device sending to itself")
 
 
 def _check_layout(plan: Plan, pb) -> None:
@@ -156,83 +209,3 @@ def _check_tiles(plan: Plan, pb) -> None:
         if bad.any():
             t = _first(bad)
             pb.add(f"tile {t} has {name} {float(got[t])!r}; its unmasked area gives {float(exp[t])!r}")
-
-
-def _int_rows(rows: list, width: int, flat: bool = False) -> np.ndarray | None:
-    """``rows`` (tuples of ``width`` fields, or all fields in one flat list) as an int64 ``[n, width]``
-    array, or None if a field is not an integer."""
-    if not rows:
-        return np.zeros((0, width), dtype=np.int64)
-    try:
-        arr = np.asarray(rows)
-    except (TypeError, ValueError):
-        return None
-    if arr.dtype.kind not in "iu" or arr.shape != ((len(rows),) if flat else (len(rows), width)):
-        return None
-    return arr.astype(np.int64, copy=False).reshape(-1, width)
-
-
-def check_instructions(plan: Plan, direction: str, pb) -> None:
-    """Every instruction's fields in range and of the right kind (so the simulation can index with them);
-    the forward program runs each tile in its ``tile_stage``. Fields are gathered per kind of field and
-    checked with numpy (a plan has thousands of transfers)."""
-    n_dev, n_tb, nhb, n_t = plan.n_devices, plan.layout.n_token_blocks, plan.layout.n_head_blocks, plan.tiles.n_tiles
-    # units: flat (device, kind, tb, hb, peer, role) ints; no tuple per transfer (10^5 of them kept alive
-    # would set off the cyclic garbage collector over the whole plan again and again)
-    units, rounds, stages, tiles, tile_stage = [], [], [], [], []
-    outputs = {int(k) for k in OUTPUT_KINDS[direction]}
-    for d, p in enumerate(plan.program(direction)):
-        where = f"{direction} device {d}"
-        for i, ins in enumerate(p.instructions):
-            try:
-                if isinstance(ins, CommLaunch):
-                    rounds.append((ins.round, 1))
-                    for role, transfers in ((0, ins.sends), (1, ins.recvs)):
-                        for u, peer in transfers:
-                            units += (d, u[0], u[1], u[2], peer, role)
-                elif isinstance(ins, CommWait):
-                    rounds.append((ins.round, 1))
-                elif isinstance(ins, Compute):
-                    stages.append((ins.stage, 0))
-                    t = np.asarray(ins.tiles)
-                    if t.ndim != 1 or (t.size and t.dtype.kind not in "iu"):
-                        pb.add(f"{where} instruction {i}: compute tiles {list(ins.tiles)[:6]} are not tile ids")
-                        continue
-                    tiles.append(t.astype(np.int64))
-                    tile_stage.append(np.full(t.size, ins.stage if _is_int(ins.stage) else -1, dtype=np.int64))
-                elif isinstance(ins, Reduce):
-                    kind, tb, hb = ins.unit
-                    if int(kind) not in outputs if _is_int(kind) else True:
-                        pb.add(f"{where} instruction {i}: reduces {tuple(ins.unit)}, not an output of the {direction}")
-                    for src in ins.sources:
-                        units += (d, kind, tb, hb, src, 2)
-                else:
-                    pb.add(f"{where} instruction {i}: {type(ins).__name__} is not an instruction")
-            except (TypeError, ValueError, AttributeError) as err:
-                pb.add(f"{where} instruction {i} is malformed ({type(err).__name__}: {err})")
-    for name, rows in (("round", rounds), ("stage", stages)):
-        arr = _int_rows(rows, 2)
-        if arr is None or (arr[:, 0] < arr[:, 1]).any():
-            pb.add(f"{direction}: a {name} number is not an int >= {1 if name == 'round' else 0}")
-    arr = _int_rows(units, 6, flat=True)
-    if arr is None:
-        pb.add(f"{direction}: a transfer or merge names a non-integer unit or device")
-    elif arr.size:
-        d, kind, tb, hb, peer, role = arr.T
-        ok_kind = np.isin(kind, [int(k) for k in (*INPUT_KINDS[direction], *OUTPUT_KINDS[direction])])
-        bad = ~ok_kind | (tb < 0) | (tb >= n_tb) | (hb < 0) | (hb >= nhb) | (peer < 0) | (peer >= n_dev) | (peer == d)
-        if bad.any():
-            dev, kd, b, h, other, what = (int(x) for x in arr[_first(bad)])
-            pb.add(f"{direction} device {dev}: {('send', 'receive', 'reduce')[what]} of unit (kind "
-                   f"{kd}, token block {b}, head block {h}) {'from' if what else 'to'} device {other}: a unit kind, "
-                   f"token block, head block or device out of range")
-    if tiles:
-        t, st = np.concatenate(tiles), np.concatenate(tile_stage)
-        if t.size and (t.min() < 0 or t.max() >= n_t):
-            pb.add(f"{direction}: a compute names tile {int(t[(t < 0) | (t >= n_t)][0])}, outside 0..{n_t - 1}")
-        elif direction == "forward" and t.size:
-            bad = st != plan.tile_stage[t]
-            if bad.any():
-                k = _first(bad)
-                pb.add(f"forward: tile {int(t[k])} runs in stage {int(st[k])}, tile_stage says "
-                       f"{int(plan.tile_stage[t[k]])}")

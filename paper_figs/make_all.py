@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs import fig_dryrun, fig_e2e, fig_megatron, fig_micro, make_tables  # noqa: E402
+from paper_figs import fig_dryrun, fig_e2e, fig_megatron, fig_micro, fig_scale, make_tables  # noqa: E402
 from paper_figs._common import FIGS, RESULTS  # noqa: E402
 
 
@@ -27,6 +27,7 @@ def main(argv=None) -> int:
     fig_micro.draw(res, out, profiles, args.tag)
     fig_dryrun.draw(res, out)
     fig_megatron.draw(res, out)
+    fig_scale.draw(res, out)
     if (res / "e2e_a100.csv").exists():
         fig_e2e.draw(res, out)
     tag_args = [] if args.tag is None else ["--tag", args.tag]

@@ -21,6 +21,7 @@ from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
 from dcp.plan import CommLaunch
+from dcp.program import KIND, ROUND
 from dcp.planner import Planner
 from dcp.spec import BatchSpec
 from dcp.stats import transfer_table
@@ -213,9 +214,11 @@ def test_te_single_node_is_pure_ulysses():
     plan = TEA2AP2PPlanner().plan(spec, Cluster(1, 4))
     assert plan.layout.n_head_blocks == 4 and not plan.notes
     rows = transfer_table(plan, "forward")
-    inputs = [(ins.round, u.kind) for dp in plan.forward for ins in dp.instructions
+    inputs = [(ins.round, u.kind) for dp in plan.program("forward") for ins in dp.instructions
               if isinstance(ins, CommLaunch) for u, _ in ins.sends]
     assert {r for r, k in inputs if k in (Kind.Q, Kind.KV)} == {1}  # the all-to-all, no ring
+    tr = plan.forward.transfers  # the same in the columnar tables
+    assert set(tr[np.isin(tr[:, KIND], [Kind.Q, Kind.KV]), ROUND].tolist()) == {1}
     assert rows.shape[0] > 0
 
 
@@ -248,3 +251,24 @@ def test_loongtrain_degrees_and_double_ring():
     zig = ZigzagPlanner().plan(spec, cluster).stats()
     assert double.comm_bytes_inter_node < flat.comm_bytes_inter_node
     assert flat.comm_bytes_total == zig.comm_bytes_total  # one flat ring over all devices is zigzag
+
+
+@pytest.mark.parametrize("cluster", [Cluster(1, 4), Cluster(2, 4), Cluster(4, 8), Cluster(3, 2)], ids=str)
+@pytest.mark.parametrize("planner", PLANNERS, ids=lambda p: p.name)
+def test_dkv_trees_match_their_reference(planner, cluster, monkeypatch):
+    """The array dKV accumulation gives the programs the per-unit Python walk gives (random batches)."""
+    from dcp.baselines import common
+
+    rng = np.random.default_rng(cluster.n_devices)
+    for trial in range(3):
+        lens = rng.integers(1, 400, rng.integers(1, 6)).tolist()
+        spec = _spec(lens, MASKS[trial % len(MASKS)])
+        fast = planner.plan(spec, cluster)
+        with monkeypatch.context() as m:
+            m.setattr(common, "_dkv_trees", common._dkv_trees_reference)
+            ref = planner.plan(spec, cluster)
+        for direction in ("forward", "backward"):
+            a, b = fast.columns(direction), ref.columns(direction)
+            np.testing.assert_array_equal(a.tile_stage, b.tile_stage)
+            np.testing.assert_array_equal(a.transfers, b.transfers)
+            np.testing.assert_array_equal(a.merges, b.merges)

@@ -115,3 +115,19 @@ def test_cli_registers_bench_subcommands():
     out = subprocess.run([sys.executable, "-m", "dcp.cli", "bench", "--help"], cwd=ROOT, capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0 and all(w in out.stdout for w in ("micro", "dryrun", "megatron"))
+
+
+def test_scale_benchmark_script_runs_at_tiny_sizes(tmp_path):
+    """``benchmarks/bench_scale.py`` on a small batch: one ok row per planner with a bit-exact round trip."""
+    import csv
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scale.py"
+    out = tmp_path / "scale.csv"
+    subprocess.run([sys.executable, str(script), "--tokens", "8192", "--devices", "16", "--blocks", "512",
+                    "--paper-batches", "0", "--timeout", "240", "--out", str(out)],
+                   check=True, capture_output=True, timeout=600)
+    rows = list(csv.DictReader(open(out)))
+    assert [r["planner"] for r in rows] == ["dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp"]
+    for r in rows:
+        assert r["status"] == "ok" and r["roundtrip_exact"] == "True" and r["machine"], r
+        assert float(r["plan_s"]) > 0 and float(r["peak_rss_gib"]) > 0 and float(r["sim_bac_ms"]) > 0

@@ -51,7 +51,7 @@ def _digest(plan) -> str:
     h = hashlib.sha1()
     for a in (plan.home, plan.tile_device, plan.tile_stage):
         h.update(np.ascontiguousarray(a).tobytes())
-    h.update(repr([str(p) for p in plan.forward + plan.backward]).encode())
+    h.update(repr([str(p) for p in plan.program("forward") + plan.program("backward")]).encode())
     return h.hexdigest()
 
 

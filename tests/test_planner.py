@@ -11,7 +11,8 @@ import dcp
 from dcp import masks as M
 from dcp.blocks import enumerate_tiles, pair_counts, uniform_layout
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner, Partitioner
-from dcp.plan import CommLaunch, CommWait, Compute, Reduce
+from dcp.validate_reference import validate_reference
+from _breakers import BREAKERS
 from _budget import n_examples
 
 HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=(), aligned_groups=False)
@@ -255,58 +256,26 @@ def test_mask_mod_masks_serialize_as_ranges():
     assert (back.spec.kv_ranges(0) == spec.kv_ranges(0)).all()
 
 
-def _broken(plan, direction, fn):
-    prog = list(plan.program(direction))
-    for d, p in enumerate(prog):
-        ins = list(p.instructions)
-        if fn(ins):
-            prog[d] = dataclasses.replace(p, instructions=tuple(ins))
-            return dataclasses.replace(plan, **{direction: tuple(prog)})
-    raise AssertionError("no instruction to break")
-
-
 @pytest.fixture(scope="module")
 def busy_plan():
     spec = dcp.BatchSpec([300, 200], M.CausalMask(), 2, 1, 8)
     return dcp.plan(spec, dcp.Cluster(2, 2), dcp.PlannerConfig(block_size=32, **GREEDY))
 
 
-def _drop_send(ins):
-    for i, x in enumerate(ins):
-        if isinstance(x, CommLaunch) and x.sends:
-            ins[i] = dataclasses.replace(x, sends=x.sends[1:])
-            return True
-
-
-def _drop_reduce(ins):
-    for i, x in enumerate(ins):
-        if isinstance(x, Reduce):
-            del ins[i]
-            return True
-
-
-def _duplicate_tile(ins):
-    for i, x in enumerate(ins):
-        if isinstance(x, Compute) and x.tiles:
-            ins[i] = dataclasses.replace(x, tiles=x.tiles + x.tiles[:1])
-            return True
-
-
-def _compute_before_data(ins):
-    """Move the last compute stage to the front (the scheduler fills early stages with local tiles, so
-    only the last one surely holds tiles waiting for transfers)."""
-    stages = [i for i, x in enumerate(ins) if isinstance(x, Compute) and x.stage > 0]
-    if len(stages) and any(isinstance(x, CommWait) for x in ins[:stages[-1]]):
-        ins.insert(0, ins.pop(stages[-1]))
-        return True
-
-
-@pytest.mark.parametrize("breaker", [_drop_send, _drop_reduce, _duplicate_tile, _compute_before_data])
+@pytest.mark.parametrize("breaker", BREAKERS, ids=lambda b: b.__name__)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_validator_rejects_broken_plans(busy_plan, breaker, direction):
-    dcp.validate(busy_plan)
-    with pytest.raises(dcp.PlanValidationError):
-        dcp.validate(_broken(busy_plan, direction, breaker))
+    """Both validators refuse each kind of broken plan, on a dcp plan and a ring plan (relays, chains)."""
+    from dcp.baselines import RingPlanner
+
+    ring = RingPlanner().plan(busy_plan.spec, busy_plan.cluster)
+    broken = [b for b in (breaker(p, direction) for p in (busy_plan, ring)) if b is not None]
+    assert broken, f"nothing to break with {breaker.__name__} in the {direction}"
+    for plan in broken:
+        with pytest.raises(dcp.PlanValidationError):
+            dcp.validate(plan)
+        with pytest.raises(dcp.PlanValidationError):
+            validate_reference(plan)
 
 
 def test_validator_rejects_wrong_placement_arrays(busy_plan):

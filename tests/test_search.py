@@ -137,8 +137,8 @@ def test_schedules_make_valid_plans_in_both_directions_and_differ_per_direction(
     spec = dcp.BatchSpec(lognormal_lengths(3, 60000), M.CausalMask(), 8, 2, 128)
     plan = dcp.plan(spec, dcp.Cluster(2, 4), dcp.PlannerConfig(**FAST))
     dcp.validate(plan)
-    fwd = sum(1 for p in plan.forward for i in p.instructions if type(i).__name__ == "Compute")
-    bwd = sum(1 for p in plan.backward for i in p.instructions if type(i).__name__ == "Compute")
+    fwd = sum(1 for p in plan.program("forward") for i in p.instructions if type(i).__name__ == "Compute")
+    bwd = sum(1 for p in plan.program("backward") for i in p.instructions if type(i).__name__ == "Compute")
     assert fwd > 0 and bwd > 0
 
 
@@ -146,8 +146,8 @@ def test_devices_without_late_transfers_run_at_most_two_fused_calls():
     """Whole sequences on every device and nothing to send after round 1: one call for local work."""
     spec = dcp.BatchSpec([3000, 3000, 3000, 3000], M.CausalMask(), 4, 2, 16)
     plan = dcp.plan(spec, dcp.Cluster(1, 4), dcp.PlannerConfig(**FAST))
-    for program in (plan.forward, plan.backward):
-        for p in program:
+    for direction in ("forward", "backward"):
+        for p in plan.program(direction):
             assert sum(1 for i in p.instructions if type(i).__name__ == "Compute") <= 2
 
 

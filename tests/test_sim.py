@@ -14,11 +14,13 @@ from dcp import masks as M
 from dcp.blocks import enumerate_tiles, uniform_layout
 from dcp.cost import CostModel
 from dcp.partition import GreedyPartitioner
-from dcp.plan import DevicePlan
+from dcp.program import DST
 from dcp.planner import assemble
 from dcp.schedule import Routes
 from dcp.sim import (FluidNetwork, SimResult, iteration_time_s, max_min_rates, simulate, simulate_both,
                      tile_times, to_chrome_trace)
+from dcp.sim.flows import ComponentNetwork, _max_min_small
+from dcp.sim.reference import simulate_reference
 from dcp.stats import transfer_table
 from dcp.units import Kind, unit_bytes
 from tests._budget import n_examples
@@ -115,6 +117,45 @@ def test_max_min_matches_progressive_filling(n_flows, n_res, width, seed):
     for f in np.flatnonzero(finite):
         assert any(load[r] >= cap[r] * (1 - 1e-7) and got[f] >= got[np.any(res == r, axis=1)].max() * (1 - 1e-7)
                    for r in res[f] if np.isfinite(cap[r]))
+
+
+@settings(max_examples=n_examples(60, 600))
+@given(st.integers(1, 30), st.integers(1, 8), st.integers(1, 4), st.integers(0, 2 ** 31 - 1))
+def test_small_components_fill_like_the_vectorized_rates(n_flows, n_res, width, seed):
+    rng = np.random.default_rng(seed)
+    res = rng.integers(0, n_res + 1, (n_flows, width))
+    cap = np.r_[rng.uniform(0.5, 10.0, n_res), np.inf]
+    cap[:-1][rng.random(n_res) < 0.2] = np.inf
+    got = _max_min_small([tuple(r) for r in res.tolist()], cap.tolist())
+    np.testing.assert_allclose(got, max_min_rates(res, cap), rtol=1e-7)
+
+
+@settings(max_examples=n_examples(40, 400))
+@given(st.integers(1, 60), st.integers(2, 12), st.integers(0, 2 ** 31 - 1))
+def test_component_network_matches_the_global_network(n_flows, n_res, seed):
+    """Flows arriving at random times over random resources finish when FluidNetwork (every rate
+    recomputed at every event) says they do, though only changed components are recomputed."""
+    rng = np.random.default_rng(seed)
+    cap = rng.uniform(1.0, 10.0, n_res)
+    res = [tuple(rng.choice(n_res, size=int(rng.integers(1, min(n_res, 3) + 1)), replace=False).tolist())
+           for _ in range(n_flows)]
+    size = rng.uniform(0.5, 20.0, n_flows)
+    arrive = np.sort(rng.choice(np.r_[0.0, rng.uniform(0, 10, 4)], size=n_flows))
+    want, got = {}, {}
+    ref, fast = FluidNetwork(cap), ComponentNetwork(cap, n_flows)
+    ids = {}
+    for t in np.unique(arrive).tolist() + [np.inf]:
+        for fid, tf in ref.advance(t):
+            want[ids[fid]] = tf
+        while fast.next_finish() <= t and fast.n_active:
+            got.update(fast.pop_finished())
+        new = np.flatnonzero(arrive == t).tolist()
+        if new:
+            for f, i in zip(new, ref.add_flows([res[f] for f in new], size[new]).tolist()):
+                ids[i] = f
+            fast.add(new, [res[f] for f in new], size[new].tolist(), t)
+    assert sorted(got) == list(range(n_flows))
+    np.testing.assert_allclose([got[f] for f in range(n_flows)], [want[f] for f in range(n_flows)], rtol=1e-9)
 
 
 # ----------------------------------------------------------------------------------------- pinned plans
@@ -246,10 +287,12 @@ def test_shared_nic_halves_rate_in_a_plan():
     np.testing.assert_allclose([e.end_s for e in rail.events if e.kind == "transfer"], lat + kv / 5e9, rtol=1e-9)
 
 
-def test_unfinishable_program_raises():
+def test_malformed_program_is_refused():
     plan = two_block_plan()
-    broken = dataclasses.replace(plan, forward=(plan.forward[0], DevicePlan(1, ())))
-    with pytest.raises(ValueError, match="cannot finish"):
+    rows = plan.forward.transfers.copy()
+    rows[0, DST] = plan.n_devices  # a device outside the cluster
+    broken = dataclasses.replace(plan, forward=dataclasses.replace(plan.forward, transfers=rows))
+    with pytest.raises(ValueError, match="out of range"):
         simulate(broken, H100, "forward")
     with pytest.raises(ValueError, match="direction"):
         simulate(plan, H100, "sideways")
@@ -306,6 +349,29 @@ def test_invariants_on_random_plans(plan, profile):
     assert no_events.makespan_s == bwd.makespan_s and no_events.events == ()
 
 
+def same_timeline(a: SimResult, b: SimResult) -> None:
+    assert (a.n_transfers, a.n_flows, len(a.events)) == (b.n_transfers, b.n_flows, len(b.events))
+    scale = max(b.makespan_s, 1e-30)
+    for name in ("end_s", "compute_s", "reduce_s", "wait_s"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=0, atol=1e-9 * scale, err_msg=name)
+    assert a.makespan_s == pytest.approx(b.makespan_s, rel=1e-9)
+    np.testing.assert_array_equal(a.comm_bytes, b.comm_bytes)
+    key = lambda e: (e.kind, e.device, e.src, e.dst, e.round, e.label)  # noqa: E731
+    for x, y in zip(sorted(a.events, key=key), sorted(b.events, key=key)):
+        assert key(x) == key(y)
+        assert x.start_s == pytest.approx(y.start_s, rel=1e-9, abs=1e-9 * scale)
+        assert x.end_s == pytest.approx(y.end_s, rel=1e-9, abs=1e-9 * scale)
+
+
+@settings(max_examples=n_examples(20, 300))
+@given(random_plans(), st.sampled_from(["a100", "h100"]), st.booleans(), st.sampled_from(["node", "rail"]))
+def test_simulator_matches_the_reference_on_random_plans(plan, profile, coalesce, nic):
+    cost = CostModel.named(profile)
+    for direction in ("forward", "backward"):
+        same_timeline(simulate(plan, cost, direction, coalesce=coalesce, nic=nic),
+                      simulate_reference(plan, cost, direction, coalesce=coalesce, nic=nic))
+
+
 def test_baseline_plans_with_relays_and_partial_chains():
     baselines = pytest.importorskip("dcp.baselines")
     spec = dcp.BatchSpec([900, 400, 130], M.CausalMask(), 4, 2, 64)
@@ -318,6 +384,8 @@ def test_baseline_plans_with_relays_and_partial_chains():
         check_invariants(plan, fwd, H100)
         check_invariants(plan, bwd, H100)
         assert fwd.summary().startswith("simulated (h100) forward")
+        same_timeline(fwd, simulate_reference(plan, H100, "forward"))
+        same_timeline(bwd, simulate_reference(plan, H100, "backward"))
 
 
 # ---------------------------------------------------------------------------------------------- output

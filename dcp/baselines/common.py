@@ -164,7 +164,84 @@ def _expand(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return rep, np.arange(rep.size) - np.repeat(np.cumsum(counts) - counts, counts) + 1
 
 
+def _chain_rounds(seg: np.ndarray, pos: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Send rounds along chains: ``seg`` (non-decreasing) names each position's chain, ``pos`` its
+    place in it (increasing within a chain), ``first`` the earliest round it could send on its own
+    (< 0: nothing of its own). A position forwards one round after its predecessor sent, so
+    ``round[i] = max(first[i], round[i-1] + 1)`` = ``pos[i] + max over j <= i in the chain of
+    (first[j] - pos[j])``; -1 where nothing reached the position yet (it sends nothing)."""
+    if seg.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    has = first >= 0
+    lift = int(pos.max()) + 1  # first - pos + lift > 0 wherever first >= 0
+    val = np.where(has, first - pos + lift, 0)
+    span = int(val.max()) + 1
+    ranks = np.concatenate([[0], np.cumsum(seg[1:] != seg[:-1])])  # 0, 1, ... per chain
+    best = np.maximum.accumulate(ranks * span + val) - ranks * span  # running max within the chain
+    return np.where(best > 0, best - lift + pos, -1)
+
+
 def _dkv_trees(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) -> np.ndarray:
+    """dKV accumulation (module docstring), as array operations; ``_dkv_trees_reference`` is the same
+    walk unit by unit in Python and defines the rows (the programs sort them, so row order is free).
+
+    Per outer step an inner chain runs over inner steps 1 .. the last contributing one, closing on the
+    step's spine device (step, 0); the spine runs over outer steps 1 .. k_max, closing on the origin
+    (0, 0), which sends home if it is not the home. A position sends once it has anything (its own
+    tiles two rounds after their last stage, or a partial it received one round after)."""
+    width = int(ring.size.max()) + 1
+    pos_key = (kv_key * width + k) * width + t
+    ukey, inv = np.unique(pos_key, return_inverse=True)
+    last = np.full(ukey.size, -1, dtype=np.int64)
+    np.maximum.at(last, inv, tile_stage)
+    own = lambda u, kq, tq: _lookup(ukey, last + 2, (u * width + kq) * width + tq)  # noqa: E731
+    units, kk, tt = ukey // width // width, ukey // width % width, ukey % width
+    rows = []
+    row = lambda u, src, dst, rnd: np.stack(  # noqa: E731
+        [np.ones_like(u), u // nhb, u % nhb, src, dst, rnd], 1)
+    # inner chains: one per (unit, outer step) over inner steps 1 .. last contributing step
+    step, step_at = np.unique(units * width + kk, return_index=True)
+    t_last = np.maximum.reduceat(tt, step_at) if step.size else np.zeros(0, dtype=np.int64)
+    ss, tq = _expand(np.arange(step.size), t_last)
+    su, sk = step[ss] // width, step[ss] % width
+    rnd = _chain_rounds(ss, tq, own(su, sk, tq))
+    at_end = tq == t_last[ss]
+    dst = np.where(at_end, ring.device(sk, 0, su), ring.device(sk, tq + 1, su))
+    sent = rnd >= 0
+    rows.append(row(su[sent], ring.device(sk, tq, su)[sent], dst[sent], rnd[sent]))
+    inner_in = np.full(step.size, -1, dtype=np.int64)  # round the chain's partial reaches (step, 0)
+    inner_in[ss[at_end]] = rnd[at_end]
+    # spine: per unit, outer steps 1 .. k_max, closing on the origin
+    n_units = k_max.size
+    uu, kq = _expand(np.arange(n_units), k_max)
+    chain_in = _lookup(step, inner_in, uu * width + kq)
+    first = np.maximum(own(uu, kq, 0), np.where(chain_in >= 0, chain_in + 1, -1))
+    rnd = _chain_rounds(uu, kq, first)
+    at_end = kq == k_max[uu]
+    dst = np.where(at_end, ring.device(0, 0, uu), ring.device(kq + 1, 0, uu))
+    sent = rnd >= 0
+    rows.append(row(uu[sent], ring.device(kq, 0, uu)[sent], dst[sent], rnd[sent]))
+    # the origin sends home what it gathered (from step 0's inner chain, the spine, its own tiles)
+    got = np.full(n_units, -1, dtype=np.int64)
+    got[uu[at_end]] = rnd[at_end]
+    got = np.maximum(got, _lookup(step, inner_in, np.arange(n_units) * width))
+    first = np.maximum(_lookup(ukey, last + 2, np.arange(n_units) * width * width), np.where(got >= 0, got + 1, -1))
+    origin = ring.device(0, 0)
+    u = np.flatnonzero((first >= 0) & (origin != home[unit_tb]))
+    rows.append(row(u, origin[u], home[unit_tb[u]], first[u]))
+    return np.concatenate(rows).astype(np.int64).reshape(-1, 6)
+
+
+def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``values`` at ``query`` in sorted unique ``keys``; -1 where absent."""
+    query = np.asarray(query, dtype=np.int64)
+    if keys.size == 0:
+        return np.full(query.shape, -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys, query), keys.size - 1)
+    return np.where(keys[at] == query, values[at], -1)
+
+
+def _dkv_trees_reference(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) -> np.ndarray:
     """dKV accumulation (module docstring): per outer step, an inner chain from the first contributing
     inner step to the last, closing on the step's spine device; spine devices chain outer step 1 → 2 → …
     → last, closing on the origin, which sends home if it is not the home. Python pass per unit."""

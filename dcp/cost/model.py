@@ -13,6 +13,7 @@ from importlib import resources
 
 import numpy as np
 
+from dcp import setops
 from dcp.errors import InvalidConfigError
 
 
@@ -125,7 +126,7 @@ class CostModel:
         n_tb = tb_len.size
         ext = []
         for blocks in (q_tb, kv_tb):
-            pair = np.unique(g_inv.astype(np.int64) * n_tb + np.asarray(blocks, np.int64))
+            pair = setops.unique(g_inv.astype(np.int64) * n_tb + np.asarray(blocks, np.int64))
             ext.append(np.bincount(pair // n_tb, weights=tb_len[pair % n_tb], minlength=ug.size)[g_inv])
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
         eff = self._efficiency(ext[0], ext[1], np.asarray(full))

@@ -1,6 +1,7 @@
 """The per-device interpreter shared by every executor.
 
-A ``DeviceRunner`` executes one device's instruction stream (``plan.forward[d]`` or ``plan.backward[d]``)
+A ``DeviceRunner`` executes one device's stream of a program (``plan.forward`` or ``plan.backward``,
+read through its per-device index ranges, ``dcp.program``)
 against that device's home rows. Transfers go through a ``Comm`` (in-memory for the reference executor,
 ``torch.distributed`` for the distributed one):
 
@@ -54,7 +55,8 @@ from dcp.kernels.tiles import TileTable
 from dcp.kernels.varlen_ops import gpu_varlen_available
 from dcp.execute.buffers import (BUF, HOME, MSG, DeviceLayout, build_layout, cat_as, nbytes, new_like_rows, pack,
                                  rows_of, unpack)
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce, Unit
+from dcp.plan import Plan, Unit
+from dcp.program import DST, HB, KIND, SRC, TB
 from dcp.units import Kind
 
 INPUT_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
@@ -252,23 +254,22 @@ class PlanTables:
         return self._layouts[(direction, device)]
 
     def _compile(self, direction: str, device: int):
-        prog = self.plan.program(direction)
-        if len(prog) != self.plan.n_devices or prog[device].device != device:
-            raise ExecutionError(f"{direction} program does not list device {device} at index {device}")
+        """Ops of the device's canonical stream (``dcp.program.DeviceIndex.stream``), from its index ranges."""
+        if not 0 <= device < self.plan.n_devices:
+            raise ExecutionError(f"{direction}: device {device} is not one of the plan's {self.plan.n_devices}")
         ops, starts = [], [0]
-        for ins in prog[device].instructions:
-            if isinstance(ins, CommLaunch):
+        for op in self.plan.index(direction).stream(device):
+            code = op[0]
+            if code == "launch":
                 starts.append(len(ops))
-                ops.append(Op("launch", round=ins.round, sends=_group(ins.sends), recvs=_group(ins.recvs)))
-            elif isinstance(ins, CommWait):
-                ops.append(Op("wait", round=ins.round))
-            elif isinstance(ins, Compute):
-                ops.append(Op("compute", round=ins.stage, tiles=tuple(int(t) for t in ins.tiles)))
-            elif isinstance(ins, Reduce):
-                ops.append(Op("reduce", unit=Unit(Kind(ins.unit.kind), ins.unit.tb, ins.unit.hb),
-                              sources=tuple(ins.sources)))
+                ops.append(Op("launch", round=op[1], sends=_group(op[2], DST), recvs=_group(op[3], SRC)))
+            elif code == "wait":
+                ops.append(Op("wait", round=op[1]))
+            elif code == "compute":
+                ops.append(Op("compute", round=op[1], tiles=tuple(op[2].tolist())))
             else:
-                raise ExecutionError(f"{direction} device {device}: unknown instruction {ins!r}")
+                kind, tb, hb = op[1]
+                ops.append(Op("reduce", unit=Unit(Kind(kind), tb, hb), sources=op[2]))
         return ops, starts
 
     # -- payload layout of a unit
@@ -297,10 +298,11 @@ class PlanTables:
         return got
 
 
-def _group(transfers) -> tuple:
+def _group(rows: np.ndarray, peer_col: int) -> tuple:
+    """((peer, (unit, ...)), ...) of one round's transfer rows, per peer in order, units sorted."""
     by_peer: dict[int, list] = {}
-    for unit, peer in transfers:
-        by_peer.setdefault(int(peer), []).append(Unit(Kind(unit.kind), int(unit.tb), int(unit.hb)))
+    for kind, tb, hb, peer in rows[:, [KIND, TB, HB, peer_col]].tolist():
+        by_peer.setdefault(peer, []).append(Unit(Kind(kind), tb, hb))
     return tuple((p, tuple(sorted(us))) for p, us in sorted(by_peer.items()))
 
 
@@ -317,36 +319,19 @@ def plan_tables(plan: Plan) -> PlanTables:
 
 
 def check_tiles_once(plan: Plan) -> None:
-    """Cheap structural check run even without full validation (cached per plan): in each direction every
-    tile is computed exactly once, on its assigned device. Raises ``ExecutionError``."""
+    """Cheap structural check run even without full validation (cached per plan): every tile has a device
+    of the cluster and, in each direction, one stage >= 0 (the columnar IR runs each tile exactly once,
+    on its device, in its stage). Raises ``ExecutionError``."""
     tab = plan_tables(plan)
     if tab.tiles_checked:
         return
-    n = plan.tiles.n_tiles
+    n, dev = plan.tiles.n_tiles, np.asarray(plan.tile_device)
+    if dev.shape != (n,) or (n and (dev.min() < 0 or dev.max() >= plan.n_devices)):
+        raise ExecutionError(f"tile_device must give each of the {n} tiles a device of the {plan.n_devices}")
     for direction in ("forward", "backward"):
-        prog = plan.program(direction)
-        if len(prog) != plan.n_devices:
-            raise ExecutionError(f"{direction} program has {len(prog)} devices, the plan's cluster "
-                                 f"{plan.n_devices}")
-        ids, devs = [], []
-        for d, p in enumerate(prog):
-            for ins in p.instructions:
-                if isinstance(ins, Compute):
-                    ids.append(np.asarray(ins.tiles, dtype=np.int64))
-                    devs.append(np.full(len(ins.tiles), d, dtype=np.int64))
-        ids = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
-        devs = np.concatenate(devs) if devs else np.zeros(0, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= n):
-            raise ExecutionError(f"{direction}: a Compute names a tile outside 0..{n - 1}")
-        runs = np.bincount(ids, minlength=n)
-        if (runs != 1).any():
-            t = int(np.flatnonzero(runs != 1)[0])
-            raise ExecutionError(f"{direction}: tile {t} is computed {int(runs[t])} times (must be exactly once)")
-        wrong = plan.tile_device[ids] != devs
-        if wrong.any():
-            i = int(np.flatnonzero(wrong)[0])
-            raise ExecutionError(f"{direction}: device {int(devs[i])} computes tile {int(ids[i])}, assigned to "
-                                 f"device {int(plan.tile_device[ids[i]])}")
+        stage = np.asarray(plan.columns(direction).tile_stage)
+        if stage.shape != (n,) or (n and stage.min() < 0):
+            raise ExecutionError(f"{direction}: tile_stage must give each of the {n} tiles a stage >= 0")
     tab.tiles_checked = True
 
 

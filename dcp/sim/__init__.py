@@ -2,7 +2,9 @@
 
 ``simulate(plan, cost, direction) -> SimResult``; ``simulate_both(plan, cost) -> (fwd, bwd)``;
 ``iteration_time_s(fwd, bwd)``; ``to_chrome_trace(results, path)`` for chrome://tracing / Perfetto.
-The fluid max-min fair network model is ``dcp.sim.network.FluidNetwork``. Pure numpy: no torch.
+The fluid max-min fair network model is ``dcp.sim.network.FluidNetwork`` (``dcp.sim.flows.ComponentNetwork``
+recomputes it per component, for scale); ``dcp.sim.reference.simulate_reference`` is the simulator's
+test oracle. Pure numpy: no torch.
 """
 from dcp.sim.network import FluidNetwork, max_min_rates
 from dcp.sim.simulator import (SimEvent, SimResult, ideal_time_s, iteration_time_s, simulate, simulate_both,

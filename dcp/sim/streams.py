@@ -1,0 +1,204 @@
+"""The simulator's event loop over a columnar program: device streams, flow starts and finishes.
+
+Each device's canonical stream (``dcp.program``) is, per round r: post round r, compute stage r-1,
+wait for round r, merge what round r brought. Only the rounds in which a device posts flows, computes or
+merges matter, so the streams are compiled into *steps*: one per (device, round) that holds any of them,
+sorted by device then round, with the step's compute and merge durations precomputed (``simulate``) and
+the flows it posts as an index range. A device runs its steps until one waits for an unfinished flow;
+the last flow of that step to finish resumes it. Events cost time in what they touch: a flow start
+posts to two steps, a finish decrements two counters and may resume the device(s) it blocked.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from dcp.cost import CostModel
+from dcp import setops
+from dcp.plan import Plan
+from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.sim.flows import ComponentNetwork
+from dcp.sim.simulator import SimEvent, _resources
+from dcp.units import Kind, unit_bytes
+
+
+class Streams:
+    """Steps of every device (module docstring) and their execution against a ``ComponentNetwork``.
+
+    After ``run``: ``clock[d]`` (when device d's stream ended), ``compute_s``/``reduce_s``/``wait_s``
+    (float ``[n_devices]``), ``f_start``/``f_end`` (per flow), ``events`` (when recorded)."""
+
+    def __init__(self, plan: Plan, prog: Program, flows: dict, comp: np.ndarray, t0: np.ndarray,
+                 cost: CostModel, nic: str, record_events: bool):
+        n, gpn, nodes = plan.n_devices, plan.cluster.gpus_per_node, plan.cluster.nodes
+        self.n, self.record = n, record_events
+        p = cost.profile
+        self.latency = p.link_latency_us * 1e-6
+        f_src, f_dst, f_round = flows["src"], flows["dst"], flows["round"]
+        n_flows = f_src.size
+        # merges: one memory-bound kernel per (device, round, unit) over (2 + sources) units
+        mg = prog.merges.astype(np.int64)
+        mg = mg[np.lexsort((mg[:, SRC], mg[:, HB], mg[:, TB], mg[:, KIND], mg[:, ROUND], mg[:, DST]))]
+        g_first = np.flatnonzero(np.r_[True, (mg[1:][:, [DST, ROUND, KIND, TB, HB]]
+                                              != mg[:-1][:, [DST, ROUND, KIND, TB, HB]]).any(axis=1)]) \
+            if mg.shape[0] else np.zeros(0, dtype=np.int64)
+        g_rows = mg[g_first]
+        g_n = np.diff(np.r_[g_first, mg.shape[0]])
+        g_dur = np.asarray(cost.memory_bound_s((2 + g_n) * unit_bytes(plan.spec, plan.layout, g_rows[:, KIND],
+                                                                        g_rows[:, TB])), dtype=float).reshape(-1)
+        # steps: (device, round) keys of flow endpoints, compute cells (stage s -> round s + 1), merges
+        cd, cs = np.nonzero(comp > 0) if comp.size else (np.zeros(0, np.int64),) * 2
+        width = int(max(f_round.max(initial=0), comp.shape[1], g_rows[:, ROUND].max(initial=0))) + 2
+        remote = f_src != f_dst
+        ends_dev = np.concatenate([f_src, f_dst[remote]])
+        ends_flow = np.concatenate([np.arange(n_flows), np.flatnonzero(remote)])
+        ends_key = ends_dev * width + np.concatenate([f_round, f_round[remote]])
+        keys = setops.unique(np.concatenate([ends_key, cd * width + cs + 1, g_rows[:, DST] * width + g_rows[:, ROUND]]))
+        self.ptr = np.searchsorted(keys // width, np.arange(n + 1)).tolist()
+        self.step_round = (keys % width).tolist()
+        self.step_dev = (keys // width).tolist()
+        n_steps = keys.size
+        at = np.searchsorted(keys, ends_key)
+        order = np.argsort(at, kind="stable")
+        self.step_flows = ends_flow[order].tolist()
+        self.flow_ptr = np.searchsorted(at[order], np.arange(n_steps + 1)).tolist()
+        self.pending = np.bincount(at, minlength=n_steps).tolist()
+        self.f_steps = [[] for _ in range(n_flows)]
+        for f, k in zip(ends_flow.tolist(), at.tolist()):
+            self.f_steps[f].append(k)
+        cell_step = np.searchsorted(keys, cd * width + cs + 1)
+        comp_step = np.zeros(n_steps)
+        comp_step[cell_step] = comp[cd, cs]
+        self.comp = comp_step.tolist()
+        g_step = np.searchsorted(keys, g_rows[:, DST] * width + g_rows[:, ROUND])  # non-decreasing
+        self.red = np.bincount(g_step, weights=g_dur, minlength=n_steps).tolist()
+        if record_events:  # labels: tiles per compute cell, the merges of each step
+            dev, stage = np.asarray(plan.tile_device, np.int64), prog.tile_stage.astype(np.int64)
+            cnt = np.bincount(dev * comp.shape[1] + stage, minlength=comp.size)[cd * comp.shape[1] + cs]
+            self.cells = dict(zip(cell_step.tolist(), zip(cs.tolist(), cnt.tolist())))
+            self.groups = (np.searchsorted(g_step, np.arange(n_steps + 1)).tolist(), g_rows, g_first, g_n, g_dur, mg)
+        # flows
+        self.f_src, self.f_dst, self.f_round = f_src.tolist(), f_dst.tolist(), f_round.tolist()
+        self.f_bytes, self.f_units = flows["bytes"].tolist(), flows["units"].tolist()
+        self.f_res = [_resources(s, d, gpn, n, nodes, nic) for s, d in zip(self.f_src, self.f_dst)]
+        caps = [p.nvlink_gbps * 1e9] * (2 * n)
+        caps += [p.nic_gbps_per_node * 1e9] * (2 * nodes) if nic == "node" else [p.nic_gbps_per_node * 1e9 / gpn] * (2 * n)
+        self.net = ComponentNetwork(caps, n_flows)
+        self.f_need = [2 if r else 1 for r in remote.tolist()]
+        self.f_posted = [0] * n_flows
+        self.f_post = [0.0] * n_flows
+        self.f_start = [math.nan] * n_flows
+        self.f_end = [math.nan] * n_flows
+        self.starts: list[tuple[float, int]] = []
+        # devices
+        self.clock = [float(x) for x in t0]
+        self.pos = self.ptr[:-1]
+        self.blocked = [-1] * n       # the step a device waits in
+        self.since = [0.0] * n
+        self.compute_s, self.reduce_s, self.wait_s = np.zeros(n), np.array(t0, dtype=float), np.zeros(n)
+        self.events: list[SimEvent] = []
+        if record_events:
+            self.events += [SimEvent(d, "delta", "delta (home rows)", 0.0, float(t)) for d, t in enumerate(t0) if t > 0]
+
+    # -- device streams
+    def _advance(self, d: int) -> None:
+        """Run device d's steps from ``pos[d]`` until one waits or the stream ends."""
+        k, end, t = self.pos[d], self.ptr[d + 1], self.clock[d]
+        pending, comp = self.pending, self.comp
+        while k < end:
+            a, b = self.flow_ptr[k], self.flow_ptr[k + 1]
+            if b > a:
+                self._post(a, b, t)
+            c = comp[k]
+            if c > 0:
+                self.compute_s[d] += c
+                if self.record:
+                    s, n_t = self.cells[k]
+                    self.events.append(SimEvent(d, "compute", f"stage {s} ({n_t} tiles)", t, t + c))
+                t += c
+            if pending[k] > 0:
+                self.blocked[d], self.since[d], self.pos[d], self.clock[d] = k, t, k, t
+                return
+            t = self._merge(d, k, t)
+            k += 1
+        self.pos[d], self.clock[d] = k, t
+
+    def _merge(self, d: int, k: int, t: float) -> float:
+        r = self.red[k]
+        if r <= 0:
+            return t
+        self.reduce_s[d] += r
+        if self.record:  # one event per merged unit; the clock moves by their sum either way
+            ptr, rows, first, n_src, dur, mg = self.groups
+            at = t
+            for g in range(ptr[k], ptr[k + 1]):
+                kind, tb, hb = (int(x) for x in rows[g, [KIND, TB, HB]])
+                srcs = mg[first[g]:first[g] + n_src[g], SRC].tolist()
+                self.events.append(SimEvent(d, "reduce", f"reduce {Kind(kind).name}[{tb},{hb}] <- {srcs}", at,
+                                            at + float(dur[g])))
+                at += float(dur[g])
+        return t + r
+
+    def _post(self, a: int, b: int, t: float) -> None:
+        for f in self.step_flows[a:b]:
+            self.f_posted[f] += 1
+            if t > self.f_post[f]:
+                self.f_post[f] = t
+            if self.f_posted[f] == self.f_need[f]:
+                s = self.f_post[f]
+                self.f_start[f] = s
+                heapq.heappush(self.starts, (s + (self.latency if self.f_need[f] == 2 else 0.0), f))
+
+    def _finish(self, f: int, t: float) -> None:
+        self.f_end[f] = t
+        for k in self.f_steps[f]:
+            self.pending[k] -= 1
+            d = self.step_dev[k]
+            if self.pending[k] == 0 and self.blocked[d] == k:
+                since = self.since[d]
+                resume = max(t, since)
+                if resume > since:
+                    self.wait_s[d] += resume - since
+                    if self.record:
+                        r = self.step_round[k]
+                        self.events.append(SimEvent(d, "wait", f"wait r{r}", since, resume, round=r))
+                self.blocked[d] = -1
+                self.clock[d] = self._merge(d, k, resume)
+                self.pos[d] = k + 1
+                self._advance(d)
+
+    # -- the event loop
+    def run(self, direction: str) -> None:
+        for d in range(self.n):
+            self._advance(d)
+        net, starts = self.net, self.starts
+        while True:
+            t_start = starts[0][0] if starts else math.inf
+            t_done = net.next_finish()
+            if t_start == math.inf and t_done == math.inf:
+                break
+            if t_done <= t_start:
+                for f, t in net.pop_finished():
+                    self._finish(f, t)
+                continue
+            batch = []
+            while starts and starts[0][0] <= t_start:
+                batch.append(heapq.heappop(starts)[1])
+            remote = [f for f in batch if self.f_need[f] == 2]
+            if remote:
+                net.add(remote, [self.f_res[f] for f in remote], [self.f_bytes[f] for f in remote], t_start)
+            for f in batch:
+                if self.f_need[f] == 1:
+                    self._finish(f, t_start)
+        stuck = [(d, self.step_round[k]) for d, k in enumerate(self.blocked) if k >= 0]
+        if stuck or any(self.pos[d] < self.ptr[d + 1] for d in range(self.n)):
+            raise ValueError(f"{direction}: simulation cannot finish; devices blocked (device, round): {stuck[:4]}"
+                             " — a transfer whose peer never posts that round, or a deadlock")
+        if self.record:
+            for f in range(len(self.f_src)):
+                s, d, r = self.f_src[f], self.f_dst[f], self.f_round[f]
+                self.events.append(SimEvent(s, "transfer", f"r{r} {s}->{d} ({self.f_units[f]} units)",
+                                            self.f_start[f], self.f_end[f], s, d, self.f_bytes[f], r,
+                                            self.f_units[f]))

@@ -1,0 +1,100 @@
+"""Scale plots from ``scale_cpu_*.csv`` (``benchmarks/bench_scale.py``): how planning and simulation
+cost grow with the plan.
+
+- ``scale_cost_vs_tiles.png``: plan+validate seconds (left) and simulated forward+backward seconds
+  (right) against the plan's tile count, log-log, one point per case that finished, colored by planner,
+  marker by device count; the dotted slope-1 line (cost proportional to tiles) sits at the median cost
+  per tile of the plans with >= 100K tiles.
+- ``scale_cost_vs_devices.png``: the same two costs against the device count at 1,048,576 tokens;
+  cases that ran out of time or memory are marked at the top of the panel with an x.
+
+    python paper_figs/fig_scale.py [--results-dir benchmarks/results] [--out-dir paper_figs]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from paper_figs._common import COLORS, FIGS, PLANNERS, RESULTS, num, pyplot, read_csv, save  # noqa: E402
+
+MARKERS = {32: "o", 64: "v", 128: "^", 256: "s", 512: "D", 1024: "*"}
+COSTS = (("plan_s", "plan + validate (s)"), ("sim_s", "simulate fwd+bwd (s)"))
+
+
+def _rows(results: Path) -> list[dict]:
+    rows = []
+    for path in sorted(Path(results).glob("scale_cpu*.csv")):
+        for r in read_csv(path):
+            r["sim_s"] = num(r.get("sim_for_s")) + num(r.get("sim_bac_s"))
+            rows.append(r)
+    return rows
+
+
+def draw(results: Path, out_dir: Path) -> list[Path]:
+    rows = _rows(results)
+    plt = pyplot()
+    if plt is None or not rows:
+        print("no scale_cpu*.csv or no matplotlib: no scale figures drawn")
+        return []
+    ok = [r for r in rows if r["status"] == "ok"]
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, (key, label) in zip(axes, COSTS):
+        for r in ok:
+            ax.scatter(num(r["n_tiles"]), num(r[key]), s=18, color=COLORS.get(r["planner"], "k"),
+                       marker=MARKERS.get(int(r["devices"]), "x"))
+        xs = [num(r["n_tiles"]) for r in ok]
+        lo, hi = min(xs), max(xs)
+        # slope-1 line at the median cost per tile of the big plans (small ones are fixed-cost bound)
+        per = sorted(num(r[key]) / num(r["n_tiles"]) for r in ok if num(r["n_tiles"]) >= 1e5) or [1e-6]
+        ref = per[len(per) // 2]
+        ax.plot([lo, hi], [ref * lo, ref * hi], ":", color="0.5", lw=1)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("tiles in the plan")
+        ax.set_ylabel(label)
+    for p in PLANNERS:
+        if any(r["planner"] == p for r in ok):
+            axes[0].scatter([], [], color=COLORS[p], label=p)
+    for d, m in MARKERS.items():
+        if any(int(r["devices"]) == d for r in ok):
+            axes[0].scatter([], [], color="0.4", marker=m, label=f"{d} devices")
+    axes[0].set_title("Planning cost vs plan size (measured, CPU)")
+    axes[1].set_title("Simulation cost vs plan size (measured, CPU)")
+    written.append(save(fig, Path(out_dir) / "scale_cost_vs_tiles.png", legend_ax=axes[0], ncol=6))
+    big = [r for r in rows if int(r["tokens"]) == 1048576 and r["batch"] == "0"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, (key, label) in zip(axes, COSTS):
+        top = max([num(r[key]) for r in big if r["status"] == "ok"] + [1.0]) * 2
+        for p in PLANNERS:
+            sel = sorted((r for r in big if r["planner"] == p), key=lambda r: int(r["devices"]))
+            pts = [(int(r["devices"]), num(r[key])) for r in sel if r["status"] == "ok"]
+            if pts:
+                ax.plot(*zip(*pts), "-o", ms=3, color=COLORS[p], label=p)
+            failed = [int(r["devices"]) for r in sel if r["status"] != "ok"]
+            if failed:
+                ax.scatter(failed, [top] * len(failed), marker="x", color=COLORS[p])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("devices (1,048,576 tokens; x: out of time or memory)")
+        ax.set_ylabel(label)
+    axes[0].set_title("Planning cost vs devices (measured, CPU)")
+    axes[1].set_title("Simulation cost vs devices (measured, CPU)")
+    written.append(save(fig, Path(out_dir) / "scale_cost_vs_devices.png", legend_ax=axes[0], ncol=6))
+    return written
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results-dir", default=str(RESULTS))
+    ap.add_argument("--out-dir", default=str(FIGS))
+    args = ap.parse_args(argv)
+    draw(Path(args.results_dir), Path(args.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
