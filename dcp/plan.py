@@ -92,7 +92,8 @@ class Plan:
     ``home``: int32 ``[n_token_blocks]``, the device holding each token block (its tokens' q/k/v/o and
     gradients); ``tile_device``: int32 ``[n_tiles]``, where each tile runs (both directions);
     ``forward``/``backward``: the columnar programs (``dcp.program.Program``), each with its own tile
-    stages, transfers and merges.
+    stages, transfers and merges. ``planning_time_s`` is the wall-clock time of the call that made it;
+    it is not part of the plan's bytes (``to_bytes``), which depend on the inputs alone.
     """
 
     spec: BatchSpec

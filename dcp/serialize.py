@@ -13,6 +13,9 @@ header names them ``{"name": "ranges", "array": i}`` and their ranges ``[L, R, 2
 equal consecutive rows stored once with their count. A sliding or neighbourhood window moves by one
 token per token, so a 131,072-token mask of 31 ranges per token takes kilobytes instead of 32 MB.
 
+The planning time is not written: it measures the process that planned, not the plan, so the same
+inputs give the same bytes in every process (a plan read back has ``planning_time_s`` 0).
+
 Format version 2 (columnar programs) replaced version 1 (instruction streams as code arrays); bytes of
 another version raise ``SerializationError`` saying so.
 """
@@ -41,7 +44,7 @@ ARRAYS = {"tb_seq": ("iu", 1), "tb_start": ("iu", 1), "tb_len": ("iu", 1), "seq_
           **{f"{d}.{a}": ("iu", 1 if a == "tile_stage" else 2) for d in ("forward", "backward")
              for a in _PROGRAM_ARRAYS}}
 _MASK_ARRAYS = {"runs": ("iu", 3), "run_len": ("iu", 1)}
-_HEADER_KEYS = ("spec", "cluster", "layout", "planner", "planning_time_s", "notes", "meta", "arrays")
+_HEADER_KEYS = ("spec", "cluster", "layout", "planner", "notes", "meta", "arrays")
 _KIND_NAMES = {"i": "int", "u": "uint", "b": "bool", "f": "float"}
 
 
@@ -141,7 +144,7 @@ def plan_to_bytes(plan: Plan) -> bytes:
         "spec": spec_head,
         "cluster": {"nodes": plan.cluster.nodes, "gpus_per_node": plan.cluster.gpus_per_node},
         "layout": _layout_header(plan.layout),
-        "planner": plan.planner, "planning_time_s": plan.planning_time_s, "notes": list(plan.notes),
+        "planner": plan.planner, "notes": list(plan.notes),
         "meta": {k: v for k, v in plan.meta.items() if isinstance(v, (bool, int, float, str))},
         "arrays": [[k, v.dtype.newbyteorder("<").str, list(v.shape)] for k, v in arrays.items()],
     }
@@ -234,9 +237,6 @@ def _header_fields(header) -> dict:
     for key, typ in checks:
         if not isinstance(header[key], typ):
             raise SerializationError(f"plan header: {key!r} must be a {typ.__name__}, got {header[key]!r:.80}")
-    t = header["planning_time_s"]
-    if isinstance(t, bool) or not isinstance(t, (int, float)):
-        raise SerializationError(f"plan header: 'planning_time_s' must be a number, got {t!r}")
     if not all(isinstance(x, str) for x in header["notes"]):
         raise SerializationError("plan header: 'notes' must be strings")
     lh = header["layout"]
@@ -316,4 +316,4 @@ def plan_from_bytes(data: bytes) -> Plan:
                     arrays["fwd_flops"], arrays["bwd_flops"])
     fwd, bwd = (Program(d, *(arrays[f"{d}.{a}"] for a in _PROGRAM_ARRAYS)) for d in ("forward", "backward"))
     return Plan(spec, cluster, layout, tiles, arrays["home"], arrays["tile_device"], fwd, bwd,
-                header["planner"], float(header["planning_time_s"]), tuple(header["notes"]), dict(header["meta"]))
+                header["planner"], 0.0, tuple(header["notes"]), dict(header["meta"]))

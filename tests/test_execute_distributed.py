@@ -165,6 +165,7 @@ def _scenario_agreement(rank, world):
     out["transfers_before"] = list(calls)
     shared = dcp.broadcast_plan(_build(world, "mixed", dtype="float32") if rank == 0 else None, src=0)
     out["shared"] = {"digest": _digest(shared), **_local_errors(shared, rank, torch.float32)}
+    out["planning_time_s"] = shared.planning_time_s  # not in the bytes: shipped beside them
     try:
         dcp.broadcast_plan("not a plan" if rank == 0 else None)
         out["bad_source"] = "no error"
@@ -256,6 +257,8 @@ def test_ranks_with_different_plans_raise_plan_mismatch_and_broadcast_plan_share
         assert res["mismatch"].startswith("the ranks hold different plans (ranks [1] differ"), res["mismatch"]
         assert res["transfers_before"] == [], "a transfer was posted before the ranks agreed on the plan"
         assert "PlanningError" in res["bad_source"] and "not a dcp.Plan" in res["bad_source"], res["bad_source"]
+    times = [res["planning_time_s"] for res in results]
+    assert times[0] > 0 and all(abs(t - times[0]) < 1e-8 for t in times), times
     _check_correct([{("shared", 1, "float32"): res["shared"]} for res in results])
 
 

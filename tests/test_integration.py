@@ -238,6 +238,11 @@ def test_four_ranks_share_one_plan(tmp_path):
         for h, row in zip(out["history"], out["rows"]):
             if row[2]:  # a cache hit moves no plan bytes
                 assert not h["transferred"]
+    # every rank reports the source's planning time (plan bytes do not carry it), 0 for a cache hit
+    times = [[h["planning_time_s"] for h in out["history"]] for out in outs]
+    for step, t0 in enumerate(times[0]):
+        assert all(abs(t[step] - t0) < 1e-8 for t in times), times
+        assert (t0 == 0) == bool(hits[0][step]), (times[0], hits[0])
         assert out["attention"] == "ok"
         assert "injected planner failure" in out["failure"]
         assert "different batches" in out["mismatch"]

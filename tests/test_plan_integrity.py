@@ -156,7 +156,6 @@ def _header_edits(header: dict) -> dict:
         "array_shape": at(("arrays", 0, 2), [-1]),
         "arrays_missing": lambda h: h.pop("arrays"),
         "planner_name": at(("planner",), "someone else"),
-        "planning_time": at(("planning_time_s",), "slow"),
         "dtype": at(("spec", "dtype"), "float32"),
     }
     return edits

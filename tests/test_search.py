@@ -226,6 +226,7 @@ def test_default_planning_is_deterministic():
     b = dcp.plan(spec, dcp.Cluster(2, 4))
     assert execution_digest(a) == execution_digest(b)
     assert a.meta["search_candidates"] == b.meta["search_candidates"]
+    assert a.planning_time_s > 0 and a.to_bytes() == b.to_bytes()  # the timing is not part of the bytes
 
 
 def test_refinement_never_makes_the_estimate_worse():

@@ -379,10 +379,11 @@ class DCPLoader:
                 else:
                     entry, error, waited, planning_s, hit = None, None, 0.0, 0.0, False
                 local = None if self._is_src() else self.cache.get(p.key)
-                shared = share_plan(entry, error, waited, batch_digest=p.bdigest, local=local, group=self.group)
+                shared = share_plan(entry, error, waited, batch_digest=p.bdigest, local=local, group=self.group,
+                                    planning_s=planning_s)
                 if not self._is_src():
                     hit = local is not None and shared.entry is local
-                    planning_s = 0.0 if hit else shared.entry.plan.planning_time_s
+                    planning_s = 0.0 if hit else shared.planning_s
                     self.cache.put(p.key, shared.entry)
                 batch = self._make_batch(p, shared.entry, shared.waited_s, planning_s, hit)
                 self.history.append({"step": p.index, "waited_s": batch.waited_s, "planning_time_s": planning_s,
