@@ -294,3 +294,22 @@ def test_cpu_kernel_model_fields_default_to_the_gpu_model():
     assert t["waste"] > full_eff * 1.01
     with pytest.raises(InvalidConfigError, match="efficiency_group"):
         CostModel(dataclasses.replace(a100, efficiency_group="tile")).tile_groups(plan.layout, plan.tiles)
+
+
+def test_simulator_and_its_reference_agree_with_every_new_profile_field_set():
+    import dcp
+    from dcp.baselines import ZigzagPlanner
+    from dcp.sim import simulate
+    from dcp.sim.reference import simulate_reference
+
+    prof = dataclasses.replace(load_profile("a100"), nics_per_node=2, round_overhead_us=50.0,
+                               program_overhead_us=30.0, memory_overhead_us=3.0, efficiency_group="q_block",
+                               partial_waste_keys=64.0)
+    spec = dcp.BatchSpec([3000, 1200, 700, 300, 100], "causal", 4, 2, 64, dtype="bfloat16")
+    plan = ZigzagPlanner().plan(spec, dcp.Cluster(2, 4))
+    for direction in ("forward", "backward"):
+        fast = simulate(plan, CostModel(prof), direction, record_events=False)
+        ref = simulate_reference(plan, CostModel(prof), direction, record_events=False)
+        assert np.allclose(fast.end_s, ref.end_s, rtol=1e-9, atol=1e-12)
+        base = simulate(plan, CostModel(load_profile("a100")), direction, record_events=False)
+        assert fast.makespan_s > base.makespan_s  # the fields are in effect

@@ -7,8 +7,8 @@ and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`
 backward's delta first), vectorized over devices round by round. Only the network is simplified: a
 round's flows (coalesced per sender and receiver, as the simulator does) all start at the later of their
 two ends' launches plus the link latency, and each finishes when the busiest resource it crosses
-(sender port, receiver port, and across nodes the two NICs, as the profile groups GPUs onto NICs) has drained that round's bytes. Rounds do
-not contend with each other. The estimate ranks plans like the simulator does (tests compare them);
+(sender port, receiver port, and across nodes the two NICs, as the profile groups GPUs onto NICs) has
+drained that round's bytes. Rounds do not contend with each other. The estimate ranks plans like the simulator does (tests compare them);
 its absolute error is a few percent on typical plans.
 """
 from __future__ import annotations
