@@ -13,7 +13,8 @@ What is timed (each point the median of ``repeats`` calls after a warm-up, one i
   16 sink keys), each relative to the same tiles full -> ``partial_waste_keys`` (the native kernel
   computes whole key sub-blocks: a row costs its attended keys plus about this many);
 - merges: the native log-sum-exp merge (``merge_into``) of partial outputs of several sizes ->
-  ``hbm_gbps`` and ``memory_overhead_us`` (the executor's merges, sums and delta are memory-bound);
+  ``hbm_gbps`` (the executor's merges, sums and delta are memory-bound; their fixed cost comes from the
+  executor fit below);
 - executor fixed costs: tiny plans of every planner run by ``DistributedExecutor`` on two local gloo
   processes; per-rank times regressed on instruction counts -> ``kernel_overhead_us`` (per Compute),
   ``memory_overhead_us`` (per Reduce), ``round_overhead_us`` (per round with transfers),
