@@ -75,8 +75,8 @@ def sequence_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, n_seqs:
     seq = layout.tb_seq[tiles.q_tb].astype(np.int64)
     total = np.zeros(n_seqs)
     for flops, backward in ((tiles.fwd_flops, False), (tiles.bwd_flops, True)):
-        t = cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, tiles.hb, layout.tb_len, seq, n_seqs,
-                               backward=backward)
+        t = cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, cost.tile_groups(layout, tiles),
+                               layout.tb_len, seq, n_seqs, backward=backward, unmasked=tiles.unmasked)
         total += np.maximum(t - cost.profile.kernel_overhead_us * 1e-6, 0.0)
     return total
 

@@ -268,10 +268,10 @@ def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
     n = cluster.n_devices
     # per-tile times charge each tile its own launch and small-tile efficiency; a stage runs as one fused
     # call, so scale them to each device's fused total (what the simulator charges) before pacing rounds
-    group = layout.tb_seq[tiles.q_tb].astype(np.int64) * nhb + tiles.hb
+    group = cost.tile_groups(layout, tiles)
     flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
     fused = cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, group, layout.tb_len, tile_device, n,
-                               backward=direction == "backward")
+                               backward=direction == "backward", unmasked=tiles.unmasked)
     alone = np.bincount(tile_device, weights=tile_time, minlength=n)
     tile_time = tile_time * (fused / np.maximum(alone, 1e-300))[tile_device]
     dm = find_demands(spec, layout, tiles, home, tile_device, tile_time, direction)

@@ -29,6 +29,11 @@ COVERED_ELSEWHERE = {
     "python experiments/train_gpt.py": "tests/test_train_parity.py (the 1-process run)",
     "torchrun --nproc-per-node 4 experiments/train_hf.py": "tests/test_hf_parity.py (4 gloo processes)",
     "python experiments/train_hf.py": "tests/test_hf_parity.py (the 1-process reference)",
+    "torchrun --nnodes 4 --nproc-per-node 8 --rdzv-backend c10d": "a GPU cluster command (dcp bench run); its code runs "
+                                                                    "on 2 gloo processes in tests/test_bench_run.py",
+    "dcp bench calibrate --device cpu": "tests/test_bench_run.py::test_calibrate_at_tiny_sizes_writes_a_profile_the_"
+                                        "simulator_loads (the full calibration takes about a minute)",
+    "dcp bench run --nproc 2": "tests/test_bench_run.py::test_cli_bench_run_spawns_two_gloo_processes",
 }
 #: python blocks that are excerpts, not programs: a phrase they contain -> what runs them
 EXCERPTS = {

@@ -8,7 +8,7 @@ across nodes. The profile constants are data files that cite their sources (``pr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from importlib import resources
 
 import numpy as np
@@ -31,6 +31,29 @@ class GPUProfile:
     nvlink_gbps: float
     nic_gbps_per_node: float
     link_latency_us: float
+    # optional fields: their defaults keep the model of profiles that do not name them exactly as before
+    memory_overhead_us: float | None = None
+    """fixed cost of one memory-bound kernel (merge, sum, delta); None: ``kernel_overhead_us``."""
+    round_overhead_us: float = 0.0
+    """host-side cost, on a device's stream, of each round in which it sends or receives: packing,
+    posting and unpacking its messages (0: hidden, as on a GPU whose copies run on a side stream)."""
+    program_overhead_us: float = 0.0
+    """fixed cost of running one device's program once (input checks, set-up, assembling the result)."""
+    partial_waste_keys: float | None = None
+    """None: a partial (masked) tile runs its attended pairs at ``partial_tile_efficiency``. A number
+    (host kernels that compute whole key sub-blocks): each row of a partial tile costs as if it attended
+    this many keys more than it does, at the full-tile rate, at most the whole tile -- so a narrow band or
+    a few sink keys cost far more than their pairs, a large causal tile little more (needs the tiles'
+    attended pairs: ``fused_call_s(..., unmasked=)``; other callers fall back to the efficiency)."""
+    efficiency_group: str = "sequence"
+    """which tiles' extents set a kernel call's efficiency: "sequence" -- each (sequence, head block) group
+    of a call runs at its merged q and kv extents (a fused varlen launch on a GPU, whatever the tiling);
+    "q_block" -- each q token block's tiles run as one segment, at that block's rows and the keys its
+    tiles cover together (the native CPU kernel, which walks the tile table segment by segment)."""
+    nics_per_node: int | None = None
+    """NICs a node's inter-node bandwidth is split over, each reached only by its own GPUs (GPU g of a
+    node uses NIC ``g // ceil(gpus_per_node / nics_per_node)``; p4d: 4 NICs, 2 GPUs each); None: one pool
+    of ``nic_gbps_per_node`` that any GPU of the node can use whole."""
 
 
 def available_profiles() -> list[str]:
@@ -50,10 +73,11 @@ def load_profile(name_or_path: str) -> GPUProfile:
         text = res.read_text()
     raw = json.loads(text)
     names = {f.name for f in fields(GPUProfile)}
-    missing = names - raw.keys()
+    required = {f.name for f in fields(GPUProfile) if f.default is MISSING}
+    missing = required - raw.keys()
     if missing:
         raise InvalidConfigError(f"GPU profile {name_or_path!r} lacks {sorted(missing)}")
-    return GPUProfile(**{k: raw[k] for k in names})
+    return GPUProfile(**{k: raw[k] for k in names if k in raw})
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,19 @@ class CostModel:
         eff = (q_len / (q_len + p.half_rows)) * (kv_len / (kv_len + p.half_cols))
         return eff * np.where(full, 1.0, p.partial_tile_efficiency)
 
+    def tile_groups(self, layout, tiles) -> np.ndarray:
+        """int64 key per tile of the group whose merged extents set its efficiency in a fused call
+        (``efficiency_group``): (sequence, head block) or (q token block, head block)."""
+        mode = self.profile.efficiency_group
+        if mode == "sequence":
+            owner = layout.tb_seq[tiles.q_tb]
+        elif mode == "q_block":
+            owner = tiles.q_tb
+        else:
+            raise InvalidConfigError(f"profile {self.profile.name}: efficiency_group must be 'sequence' or "
+                                     f"'q_block', got {mode!r}")
+        return np.asarray(owner, np.int64) * layout.n_head_blocks + tiles.hb
+
     def tile_forward_s(self, flops, q_len, kv_len, full):
         p = self.profile
         eff = self._efficiency(np.asarray(q_len, float), np.asarray(kv_len, float), np.asarray(full))
@@ -81,20 +118,64 @@ class CostModel:
         eff = self._efficiency(np.asarray(q_len, float), np.asarray(kv_len, float), np.asarray(full))
         return p.kernel_overhead_us * 1e-6 + np.asarray(flops, float) / (p.attn_bwd_tflops * 1e12 * eff)
 
+    def nic_groups(self, gpus_per_node: int) -> tuple[int, float]:
+        """``(GPUs per NIC, bytes/s of one NIC per direction)`` under ``nics_per_node`` (one NIC of the
+        node's whole bandwidth per node when it is None)."""
+        p = self.profile
+        if p.nics_per_node is None:
+            return gpus_per_node, p.nic_gbps_per_node * 1e9
+        if p.nics_per_node < 1:
+            raise InvalidConfigError(f"profile {p.name}: nics_per_node must be >= 1, got {p.nics_per_node}")
+        per_nic = -(-gpus_per_node // p.nics_per_node)
+        return per_nic, p.nic_gbps_per_node * 1e9 / p.nics_per_node
+
+    def nic_layout(self, gpus_per_node: int, nodes: int, nic: str | None = None) -> tuple[int, int, float]:
+        """``(GPUs per NIC, number of NICs, bytes/s per NIC and direction)`` for a NIC model: None = the
+        profile's (``nic_groups``), "node" = one pool per node, "rail" = one NIC per GPU with
+        ``1 / gpus_per_node`` of the node's bandwidth. A NIC never spans two nodes."""
+        gpn = gpus_per_node
+        if nic == "node":
+            per_nic, cap = gpn, self.profile.nic_gbps_per_node * 1e9
+        elif nic == "rail":
+            per_nic, cap = 1, self.profile.nic_gbps_per_node * 1e9 / gpn
+        elif nic is None:
+            per_nic, cap = self.nic_groups(gpn)
+        else:
+            raise InvalidConfigError(f"nic must be None, 'node' or 'rail', got {nic!r}")
+        per_nic = min(per_nic, gpn)
+        while gpn % per_nic:
+            per_nic += 1
+        return per_nic, nodes * (gpn // per_nic), cap
+
     def transfer_s(self, nbytes, inter_node, gpus_per_node: int = 1):
         """One point-to-point transfer; across nodes a GPU gets 1/gpus_per_node of the node's NIC."""
         p = self.profile
         bw = np.where(inter_node, p.nic_gbps_per_node / max(gpus_per_node, 1), p.nvlink_gbps) * 1e9
         return p.link_latency_us * 1e-6 + np.asarray(nbytes, float) / bw
 
-    def fused_call_s(self, flops, full, q_tb, kv_tb, group, tb_len, backward: bool = False) -> float:
+    def _tile_busy_s(self, flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked) -> np.ndarray:
+        """Seconds of each tile inside a fused call, at its group's extents (``partial_waste_keys`` with
+        ``unmasked``, the tiles' attended pairs: partial tiles charged their pairs plus the waste)."""
+        full = np.asarray(full)
+        waste = self.profile.partial_waste_keys
+        if waste is None or unmasked is None:
+            return flops / (rate * self._efficiency(q_ext, kv_ext, full))
+        unmasked = np.maximum(np.asarray(unmasked, float), 1.0)
+        q_len = tb_len[np.asarray(q_tb, np.int64)].astype(float)
+        cells = q_len * tb_len[np.asarray(kv_tb, np.int64)]
+        pairs = np.where(full, unmasked, np.minimum(unmasked + waste * q_len, cells))
+        return flops / unmasked * pairs / (rate * self._efficiency(q_ext, kv_ext, True))
+
+    def fused_call_s(self, flops, full, q_tb, kv_tb, group, tb_len, backward: bool = False,
+                     unmasked=None) -> float:
         """One kernel call over a set of tiles (how executors run a ``Compute`` instruction: a single
         varlen launch). The launch overhead is paid once; each (sequence, head block) group of tiles
         runs at the efficiency of its merged extents -- the q rows and kv columns it covers -- so a plan
         is not charged for how finely its tiles happen to be cut.
 
         Args: per-tile arrays ``flops``, ``full``, ``q_tb``, ``kv_tb``, ``group`` (any int key per
-        (sequence, head block)); ``tb_len``: tokens per token block.
+        (sequence, head block)); ``tb_len``: tokens per token block; ``unmasked``: per-tile attended
+        pairs (only the ``partial_waste_keys`` model reads them).
         """
         p = self.profile
         flops = np.asarray(flops, float)
@@ -107,12 +188,12 @@ class CostModel:
             key = np.unique(np.stack([g_inv, np.asarray(blocks, np.int64)], axis=1), axis=0)
             extents.append(np.bincount(key[:, 0], weights=tb_len[key[:, 1]], minlength=gid.size))
         q_ext, kv_ext = extents[0][g_inv], extents[1][g_inv]
-        eff = self._efficiency(q_ext, kv_ext, np.asarray(full))
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
-        return float(p.kernel_overhead_us * 1e-6 + (flops / (rate * eff)).sum())
+        busy = self._tile_busy_s(flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked)
+        return float(p.kernel_overhead_us * 1e-6 + busy.sum())
 
     def fused_calls_s(self, flops, full, q_tb, kv_tb, group, tb_len, cell, n_cells: int,
-                      backward: bool = False) -> np.ndarray:
+                      backward: bool = False, unmasked=None) -> np.ndarray:
         """``fused_call_s`` of many calls at once: tile ``t`` belongs to call ``cell[t]`` (0..n_cells-1);
         returns float ``[n_cells]`` (0 for a call without tiles)."""
         p = self.profile
@@ -129,11 +210,13 @@ class CostModel:
             pair = setops.unique(g_inv.astype(np.int64) * n_tb + np.asarray(blocks, np.int64))
             ext.append(np.bincount(pair // n_tb, weights=tb_len[pair % n_tb], minlength=ug.size)[g_inv])
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
-        eff = self._efficiency(ext[0], ext[1], np.asarray(full))
-        busy = np.bincount(cell, weights=np.asarray(flops, float) / (rate * eff), minlength=n_cells)
+        t = self._tile_busy_s(np.asarray(flops, float), full, ext[0], ext[1], rate, q_tb, kv_tb, tb_len, unmasked)
+        busy = np.bincount(cell, weights=t, minlength=n_cells)
         used = np.bincount(cell, minlength=n_cells) > 0
         return busy + used * p.kernel_overhead_us * 1e-6
 
     def memory_bound_s(self, nbytes):
         """A kernel streaming ``nbytes`` through HBM (merge, sum, gather)."""
-        return self.profile.kernel_overhead_us * 1e-6 + np.asarray(nbytes, float) / (self.profile.hbm_gbps * 1e9)
+        p = self.profile
+        over = p.kernel_overhead_us if p.memory_overhead_us is None else p.memory_overhead_us
+        return over * 1e-6 + np.asarray(nbytes, float) / (p.hbm_gbps * 1e9)

@@ -7,8 +7,8 @@ and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`
 backward's delta first), vectorized over devices round by round. Only the network is simplified: a
 round's flows (coalesced per sender and receiver, as the simulator does) all start at the later of their
 two ends' launches plus the link latency, and each finishes when the busiest resource it crosses
-(sender port, receiver port, and across nodes the two NICs) has drained that round's bytes. Rounds do
-not contend with each other. The estimate ranks plans like the simulator does (tests compare them);
+(sender port, receiver port, and across nodes the two NICs, as the profile groups GPUs onto NICs) has
+drained that round's bytes. Rounds do not contend with each other. The estimate ranks plans like the simulator does (tests compare them);
 its absolute error is a few percent on typical plans.
 """
 from __future__ import annotations
@@ -29,14 +29,15 @@ _IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 def stage_compute_s(layout: BlockLayout, tiles: TileSet, tile_device: np.ndarray, tile_stage: np.ndarray,
                     cost: CostModel, direction: str, n_devices: int) -> np.ndarray:
     """float ``[n_devices, n_stages]``: each (device, stage)'s fused kernel call, as
-    ``CostModel.fused_call_s`` charges it (one launch; each (sequence, head block) group of tiles at the
-    efficiency of its merged q and kv extents)."""
+    ``CostModel.fused_call_s`` charges it (one launch; each group of tiles, ``CostModel.tile_groups``, at
+    the efficiency of its merged q and kv extents)."""
     n_stages = int(tile_stage.max()) + 1 if tile_stage.size else 1
     cell = np.asarray(tile_device, np.int64) * n_stages + tile_stage
-    group = layout.tb_seq[tiles.q_tb].astype(np.int64) * layout.n_head_blocks + tiles.hb
+    group = cost.tile_groups(layout, tiles)
     flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
     return cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, group, layout.tb_len, cell,
-                              n_devices * n_stages, backward=direction == "backward").reshape(n_devices, n_stages)
+                              n_devices * n_stages, backward=direction == "backward",
+                              unmasked=tiles.unmasked).reshape(n_devices, n_stages)
 
 
 def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet,
@@ -84,13 +85,20 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         f_bytes = np.bincount(f_inv, weights=nbytes, minlength=fk.size)
         f_round, f_src, f_dst = fk // (n * n), fk // n % n, fk % n
         local = f_src == f_dst
-    t = np.zeros(n)
+    t = np.full(n, p.program_overhead_us * 1e-6)
     if direction == "backward":
         tokens = np.bincount(home, weights=layout.tb_len, minlength=n)
         per_tok = spec.num_heads * (2 * spec.head_dim * spec.element_bytes + LSE_BYTES)
-        t = np.where(tokens > 0, cost.memory_bound_s(tokens * per_tok), 0.0)
-    port, nic, lat = p.nvlink_gbps * 1e9, p.nic_gbps_per_node * 1e9, p.link_latency_us * 1e-6
+        t = t + np.where(tokens > 0, cost.memory_bound_s(tokens * per_tok), 0.0)
+    round_over = p.round_overhead_us * 1e-6
+    per_nic, n_nics, nic = cost.nic_layout(gpn, cluster.nodes)
+    port, lat = p.nvlink_gbps * 1e9, p.link_latency_us * 1e-6
     for r in range(1, max(n_rounds, n_stages) + 1):
+        if round_over and r <= n_rounds:
+            sel = np.flatnonzero(f_round == r)
+            busy = np.zeros(n, dtype=bool)
+            busy[f_src[sel]] = busy[f_dst[sel]] = True
+            t = t + round_over * busy
         post = t.copy()
         if r - 1 < n_stages:
             t = t + comp[:, r - 1]
@@ -103,11 +111,10 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
                 drain = np.maximum(np.bincount(src, weights=b, minlength=n)[src],
                                    np.bincount(dst, weights=b, minlength=n)[dst]) / port
                 if cross.any():
-                    n_nodes = cluster.nodes
-                    out_n = np.bincount(src[cross] // gpn, weights=b[cross], minlength=n_nodes)
-                    in_n = np.bincount(dst[cross] // gpn, weights=b[cross], minlength=n_nodes)
-                    drain = np.where(cross, np.maximum(drain, np.maximum(out_n[src // gpn], in_n[dst // gpn]) / nic),
-                                     drain)
+                    out_n = np.bincount(src[cross] // per_nic, weights=b[cross], minlength=n_nics)
+                    in_n = np.bincount(dst[cross] // per_nic, weights=b[cross], minlength=n_nics)
+                    drain = np.where(cross, np.maximum(drain, np.maximum(out_n[src // per_nic],
+                                                                         in_n[dst // per_nic]) / nic), drain)
                 fin = start + np.where(local[sel], 0.0, drain)
                 done = np.zeros(n)
                 np.maximum.at(done, src, fin)

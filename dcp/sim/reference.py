@@ -22,7 +22,7 @@ from dcp.units import bytes_per_token
 
 
 def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesce: bool = True,
-             nic: str = "node", record_events: bool = True) -> SimResult:
+             nic: str | None = None, record_events: bool = True) -> SimResult:
     """Simulate one direction of ``plan`` under ``cost`` (see the module docstring for the model).
 
     Raises ``ValueError`` for an unknown direction or NIC model, or when the program cannot finish
@@ -31,8 +31,8 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     started = time.perf_counter()
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if nic not in ("node", "rail"):
-        raise ValueError(f"nic must be 'node' or 'rail', got {nic!r}")
+    if nic not in (None, "node", "rail"):
+        raise ValueError(f"nic must be None (the profile's), 'node' or 'rail', got {nic!r}")
     prof = cost.profile
     n_dev = plan.n_devices
     gpn = plan.cluster.gpus_per_node
@@ -41,7 +41,7 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     latency = prof.link_latency_us * 1e-6
     tiles = plan.tiles
     t_flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
-    t_group = plan.layout.tb_seq[tiles.q_tb].astype(np.int64) * plan.layout.n_head_blocks + tiles.hb
+    t_group = cost.tile_groups(plan.layout, tiles)
     bpt = {int(k): int(v) for k, v in bytes_per_token(plan.spec, plan.layout).items()}
     tb_len = plan.layout.tb_len.tolist()
 
@@ -79,11 +79,8 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     pending = {k: len(v) for k, v in dev_round_flows.items()}  # unfinished flows of (device, round)
     post_time: dict[tuple[int, int], float] = {}
 
-    caps = [prof.nvlink_gbps * 1e9] * (2 * n_dev)
-    if nic == "node":
-        caps += [prof.nic_gbps_per_node * 1e9] * (2 * n_nodes)
-    else:
-        caps += [prof.nic_gbps_per_node * 1e9 / gpn] * (2 * n_dev)
+    per_nic, n_nics, nic_cap = cost.nic_layout(gpn, n_nodes, nic)
+    caps = [prof.nvlink_gbps * 1e9] * (2 * n_dev) + [nic_cap] * (2 * n_nics)
     net = FluidNetwork(caps)
     net_flow_of: dict[int, int] = {}  # network flow id -> our flow id
     starts: list[tuple[float, int]] = []  # heap of (time entering the network, flow)
@@ -99,14 +96,22 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     compute_cache: dict[int, float] = {}
     merge_cache: dict[int, float] = {}
 
+    round_over = prof.round_overhead_us * 1e-6
+    if prof.program_overhead_us:
+        for d in range(n_dev):
+            if programs[d].instructions:
+                clock[d] = prof.program_overhead_us * 1e-6
     if direction == "backward":
         delta = _delta_s(plan, cost)
         for d in range(n_dev):
             if delta[d] > 0:
-                clock[d] = float(delta[d])
+                if not programs[d].instructions:
+                    clock[d] = prof.program_overhead_us * 1e-6
+                start = clock[d]
+                clock[d] += float(delta[d])
                 reduce_s[d] += float(delta[d])
                 if record_events:
-                    events.append(SimEvent(d, "delta", "delta (home rows)", 0.0, clock[d]))
+                    events.append(SimEvent(d, "delta", "delta (home rows)", start, clock[d]))
 
     def finish_flow(f: int, t: float) -> None:
         f_end[f] = t
@@ -146,13 +151,15 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                     idx = np.fromiter(ins.tiles, dtype=np.int64, count=len(ins.tiles))
                     dur = compute_cache[id(ins)] = cost.fused_call_s(
                         t_flops[idx], tiles.full[idx], tiles.q_tb[idx], tiles.kv_tb[idx], t_group[idx],
-                        plan.layout.tb_len, backward=direction == "backward")
+                        plan.layout.tb_len, backward=direction == "backward", unmasked=tiles.unmasked[idx])
                 if dur > 0:
                     compute_s[d] += dur
                     if record_events:
                         events.append(SimEvent(d, "compute", f"stage {ins.stage} ({len(ins.tiles)} tiles)", t, t + dur))
                     t += dur
             elif isinstance(ins, CommLaunch):
+                if round_over and (d, ins.round) in dev_round_flows:
+                    t += round_over  # packing and posting this round's messages (host-side executors)
                 post(d, ins.round, t)
             elif isinstance(ins, CommWait):
                 if pending.get((d, ins.round), 0) > 0:
@@ -194,7 +201,7 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
             local = [f for f in batch if f_src[f] == f_dst[f]]
             remote = [f for f in batch if f_src[f] != f_dst[f]]
             if remote:
-                ids = net.add_flows([_resources(f_src[f], f_dst[f], gpn, n_dev, n_nodes, nic) for f in remote],
+                ids = net.add_flows([_resources(f_src[f], f_dst[f], gpn, n_dev, n_nics, per_nic) for f in remote],
                                     [f_bytes[f] for f in remote])
                 net_flow_of.update(zip(ids.tolist(), remote))
             for f in local:

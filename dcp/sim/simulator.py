@@ -5,23 +5,28 @@ Model (all times from ``CostModel``; every number it produces is *simulated*, no
 - **Streams.** Each device runs its instruction stream in program order on one compute stream.
   ``CommLaunch(r)`` posts round r's transfers and costs nothing on the stream. ``Compute`` occupies the
   stream for one fused kernel call over its tiles (``CostModel.fused_call_s``: one launch overhead,
-  each (sequence, head block) group at the efficiency of its merged q/kv extents), so plans are not
-  charged for how finely their tiles are cut. ``CommWait(r)`` blocks until every transfer of round r this
+  each (sequence, head block) group at the efficiency of its merged q/kv extents -- each q token
+  block's for profiles with ``efficiency_group="q_block"``, the CPU kernel), so plans are not charged
+  for how finely their tiles are cut. ``CommWait(r)`` blocks until every transfer of round r this
   device sends or receives has finished. ``Reduce(unit, sources)`` is one fused memory-bound merge
   kernel: it reads the local accumulator and each received partial and writes the accumulator,
   ``memory_bound_s((2 + len(sources)) * unit_bytes)``. In the backward each device first computes
   delta = rowsum(O * dO) for its home tokens: ``memory_bound_s(home_tokens * Hq * (2 * D * elem + 4))``
   (read O and dO, write fp32 delta), one op at t=0. Communication kernels do not slow compute down.
+  Host-side executors (the CPU) also pay ``program_overhead_us`` once per program (before the delta)
+  and ``round_overhead_us`` when they post a round they send or receive in (both 0 in GPU profiles).
 - **Transfers.** Grouped point-to-point semantics: a transfer of round r starts when both its sender
   and its receiver have posted ``CommLaunch(r)``; after ``link_latency_us`` its bytes
   (``dcp.units.unit_bytes``, one head block) enter a fluid network. By default the transfers of one
   round between one (sender, receiver) pair are coalesced into one flow (one NCCL connection carries
   them back to back; ``coalesce=False`` makes every unit its own flow).
 - **Network.** A flow crosses the sender GPU's egress port and the receiver GPU's ingress port
-  (``nvlink_gbps`` each, per direction); across nodes also the sender node's NIC egress and the
-  receiver node's NIC ingress (``nic_gbps_per_node`` per node and direction, shared by all the node's
-  flows; ``nic="rail"`` instead gives every GPU its own ``nic_gbps_per_node / gpus_per_node``, as
-  ``CostModel.transfer_s`` assumes). Rates are max-min fair, recomputed whenever a flow starts or ends
+  (``nvlink_gbps`` each, per direction); across nodes also the sender's NIC egress and the receiver's
+  NIC ingress. By default a node's NIC is one pool (``nic_gbps_per_node`` per direction, shared by all
+  the node's flows); a profile with ``nics_per_node`` splits it into that many NICs, each reached only
+  by its own GPUs (p4d: 4 x 100 Gbps, 2 GPUs per NIC; ``CostModel.nic_layout``); ``nic="node"`` forces
+  the pool, ``nic="rail"`` gives every GPU its own ``nic_gbps_per_node / gpus_per_node``, as
+  ``CostModel.transfer_s`` assumes. Rates are max-min fair, recomputed whenever a flow starts or ends
   (``dcp.sim.network.FluidNetwork``; ``dcp.sim.flows.ComponentNetwork`` recomputes only the changed
   component, with the same result).
 - **Scale.** ``simulate`` reads the columnar program (``dcp.program``): every compute, merge and delta
@@ -154,14 +159,12 @@ def _delta_s(plan: Plan, cost: CostModel) -> np.ndarray:
     return np.where(tokens > 0, cost.memory_bound_s(tokens * per_token), 0.0)
 
 
-def _resources(src: int, dst: int, gpn: int, n_dev: int, n_nodes: int, nic: str) -> tuple[int, ...]:
-    """Resource ids: [0, n) GPU egress, [n, 2n) GPU ingress, then NIC egress and NIC ingress (per node
-    for ``nic="node"``, per GPU for ``nic="rail"``)."""
+def _resources(src: int, dst: int, gpn: int, n_dev: int, n_nics: int, per_nic: int) -> tuple[int, ...]:
+    """Resource ids: [0, n) GPU egress, [n, 2n) GPU ingress, then the ``n_nics`` NICs' egress and ingress;
+    device d reaches NIC ``d // per_nic`` (``CostModel.nic_layout``: a NIC never spans two nodes)."""
     if src // gpn == dst // gpn:
         return (src, n_dev + dst)
-    if nic == "node":
-        return (src, n_dev + dst, 2 * n_dev + src // gpn, 2 * n_dev + n_nodes + dst // gpn)
-    return (src, n_dev + dst, 2 * n_dev + src, 3 * n_dev + dst)
+    return (src, n_dev + dst, 2 * n_dev + src // per_nic, 2 * n_dev + n_nics + dst // per_nic)
 
 
 
@@ -184,7 +187,7 @@ def _flow_table(plan: Plan, direction: str, coalesce: bool) -> dict[str, np.ndar
 
 
 def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesce: bool = True,
-             nic: str = "node", record_events: bool = True) -> SimResult:
+             nic: str | None = None, record_events: bool = True) -> SimResult:
     """Simulate one direction of ``plan`` under ``cost`` (see the module docstring for the model).
 
     Raises ``ValueError`` for an unknown direction or NIC model, or a program whose tables are malformed
@@ -197,8 +200,8 @@ def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesc
     started = time.perf_counter()
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-    if nic not in ("node", "rail"):
-        raise ValueError(f"nic must be 'node' or 'rail', got {nic!r}")
+    if nic not in (None, "node", "rail"):
+        raise ValueError(f"nic must be None (the profile's), 'node' or 'rail', got {nic!r}")
     pb = Problems(limit=3)
     check_columns(plan, direction, pb)
     if pb.items:

@@ -31,7 +31,7 @@ class Streams:
     (float ``[n_devices]``), ``f_start``/``f_end`` (per flow), ``events`` (when recorded)."""
 
     def __init__(self, plan: Plan, prog: Program, flows: dict, comp: np.ndarray, t0: np.ndarray,
-                 cost: CostModel, nic: str, record_events: bool):
+                 cost: CostModel, nic: str | None, record_events: bool):
         n, gpn, nodes = plan.n_devices, plan.cluster.gpus_per_node, plan.cluster.nodes
         self.n, self.record = n, record_events
         p = cost.profile
@@ -82,9 +82,9 @@ class Streams:
         # flows
         self.f_src, self.f_dst, self.f_round = f_src.tolist(), f_dst.tolist(), f_round.tolist()
         self.f_bytes, self.f_units = flows["bytes"].tolist(), flows["units"].tolist()
-        self.f_res = [_resources(s, d, gpn, n, nodes, nic) for s, d in zip(self.f_src, self.f_dst)]
-        caps = [p.nvlink_gbps * 1e9] * (2 * n)
-        caps += [p.nic_gbps_per_node * 1e9] * (2 * nodes) if nic == "node" else [p.nic_gbps_per_node * 1e9 / gpn] * (2 * n)
+        per_nic, n_nics, nic_cap = cost.nic_layout(gpn, nodes, nic)
+        self.f_res = [_resources(s, d, gpn, n, n_nics, per_nic) for s, d in zip(self.f_src, self.f_dst)]
+        caps = [p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics)
         self.net = ComponentNetwork(caps, n_flows)
         self.f_need = [2 if r else 1 for r in remote.tolist()]
         self.f_posted = [0] * n_flows
@@ -92,15 +92,19 @@ class Streams:
         self.f_start = [math.nan] * n_flows
         self.f_end = [math.nan] * n_flows
         self.starts: list[tuple[float, int]] = []
-        # devices
-        self.clock = [float(x) for x in t0]
+        # devices (host-side executors pay their per-program cost first, then the delta)
+        self.round_over = p.round_overhead_us * 1e-6
+        busy = (np.diff(np.asarray(self.ptr)) > 0) | (np.asarray(t0) > 0)
+        self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
+        self.clock = [float(x) for x in self.t_prog + t0]
         self.pos = self.ptr[:-1]
         self.blocked = [-1] * n       # the step a device waits in
         self.since = [0.0] * n
         self.compute_s, self.reduce_s, self.wait_s = np.zeros(n), np.array(t0, dtype=float), np.zeros(n)
         self.events: list[SimEvent] = []
         if record_events:
-            self.events += [SimEvent(d, "delta", "delta (home rows)", 0.0, float(t)) for d, t in enumerate(t0) if t > 0]
+            self.events += [SimEvent(d, "delta", "delta (home rows)", float(self.t_prog[d]), float(self.t_prog[d] + t))
+                            for d, t in enumerate(t0) if t > 0]
 
     # -- device streams
     def _advance(self, d: int) -> None:
@@ -110,6 +114,7 @@ class Streams:
         while k < end:
             a, b = self.flow_ptr[k], self.flow_ptr[k + 1]
             if b > a:
+                t += self.round_over  # packing and posting this round's messages (host-side executors)
                 self._post(a, b, t)
             c = comp[k]
             if c > 0:
