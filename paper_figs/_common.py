@@ -5,6 +5,7 @@ never import dcp. matplotlib is needed only to draw (``pip install matplotlib``,
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import math
 from pathlib import Path
@@ -79,3 +80,11 @@ def group_mean(rows, key_fn, value_fn) -> dict:
             continue
         acc.setdefault(key_fn(r), []).append(v)
     return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def figure_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every figure script takes: ``--results-dir`` (the CSVs) and ``--out-dir`` (the PNGs)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results-dir", default=str(RESULTS))
+    ap.add_argument("--out-dir", default=str(FIGS))
+    return ap

@@ -5,13 +5,12 @@ dcp vs the best Megatron static CP size per (dataset, max length, mask), speedup
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs._common import COLORS, DATASET_TITLES, FIGS, RESULTS, find_csv, num, pyplot, read_csv, save  # noqa: E402
+from paper_figs._common import COLORS, DATASET_TITLES, figure_parser, find_csv, num, pyplot, read_csv, save  # noqa: E402
 
 
 def _klabel(n) -> str:
@@ -56,9 +55,7 @@ def draw(results: Path, out_dir: Path, profile: str = "a100") -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results-dir", default=str(RESULTS))
-    ap.add_argument("--out-dir", default=str(FIGS))
+    ap = figure_parser(__doc__)
     ap.add_argument("--profile", default="a100")
     args = ap.parse_args(argv)
     draw(Path(args.results_dir), Path(args.out_dir), args.profile)

@@ -5,13 +5,12 @@ megatron_dyncp, dcp and dcp_auto per cluster size (one panel per profile), ratio
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs._common import COLORS, FIGS, RESULTS, num, pyplot, read_csv, save  # noqa: E402
+from paper_figs._common import COLORS, figure_parser, num, pyplot, read_csv, save  # noqa: E402
 
 
 def draw(results: Path, out_dir: Path) -> list[Path]:
@@ -44,9 +43,7 @@ def draw(results: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results-dir", default=str(RESULTS))
-    ap.add_argument("--out-dir", default=str(FIGS))
+    ap = figure_parser(__doc__)
     args = ap.parse_args(argv)
     draw(Path(args.results_dir), Path(args.out_dir))
     return 0

@@ -11,13 +11,12 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs._common import (COLORS, DATASET_TITLES, FIGS, PLANNERS, RESULTS, find_csv, num, pyplot,  # noqa: E402
+from paper_figs._common import (COLORS, DATASET_TITLES, PLANNERS, figure_parser, find_csv, num, pyplot,  # noqa: E402
                                 read_csv, save)
 
 SPARSE = ("lambda", "shared_question", "causal_blockwise")
@@ -76,9 +75,7 @@ def draw(results: Path, out_dir: Path, profiles, tag=None) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results-dir", default=str(RESULTS))
-    ap.add_argument("--out-dir", default=str(FIGS))
+    ap = figure_parser(__doc__)
     ap.add_argument("--profiles", default="a100,h100")
     ap.add_argument("--tag", default=None, help="CSV name suffix, e.g. _quick (default: full run, else _quick)")
     args = ap.parse_args(argv)

@@ -12,13 +12,12 @@ cost grow with the plan.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs._common import COLORS, FIGS, PLANNERS, RESULTS, num, pyplot, read_csv, save  # noqa: E402
+from paper_figs._common import COLORS, PLANNERS, figure_parser, num, pyplot, read_csv, save  # noqa: E402
 
 MARKERS = {32: "o", 64: "v", 128: "^", 256: "s", 512: "D", 1024: "*"}
 COSTS = (("plan_s", "plan + validate (s)"), ("sim_s", "simulate fwd+bwd (s)"))
@@ -88,9 +87,7 @@ def draw(results: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results-dir", default=str(RESULTS))
-    ap.add_argument("--out-dir", default=str(FIGS))
+    ap = figure_parser(__doc__)
     args = ap.parse_args(argv)
     draw(Path(args.results_dir), Path(args.out_dir))
     return 0
