@@ -88,3 +88,10 @@ def figure_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--results-dir", default=str(RESULTS))
     ap.add_argument("--out-dir", default=str(FIGS))
     return ap
+
+
+def run_figure(draw, doc: str, argv=None) -> int:
+    """``main`` of a figure script whose ``draw(results_dir, out_dir)`` takes no other option."""
+    args = figure_parser(doc).parse_args(argv)
+    draw(Path(args.results_dir), Path(args.out_dir))
+    return 0

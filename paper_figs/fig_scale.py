@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paper_figs._common import COLORS, PLANNERS, figure_parser, num, pyplot, read_csv, save  # noqa: E402
+from paper_figs._common import COLORS, PLANNERS, num, pyplot, read_csv, run_figure, save  # noqa: E402
 
 MARKERS = {32: "o", 64: "v", 128: "^", 256: "s", 512: "D", 1024: "*"}
 COSTS = (("plan_s", "plan + validate (s)"), ("sim_s", "simulate fwd+bwd (s)"))
@@ -87,10 +87,7 @@ def draw(results: Path, out_dir: Path) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    ap = figure_parser(__doc__)
-    args = ap.parse_args(argv)
-    draw(Path(args.results_dir), Path(args.out_dir))
-    return 0
+    return run_figure(draw, __doc__, argv)
 
 
 if __name__ == "__main__":
