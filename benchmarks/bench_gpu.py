@@ -40,7 +40,7 @@ from benchmarks.common import RESULTS, git_revision, machine, write_csv  # noqa:
 import dcp  # noqa: E402
 from dcp.cost.model import CostModel, GPUProfile, load_profile  # noqa: E402
 from dcp.execute import ReferenceExecutor, reference_attention  # noqa: E402
-from dcp.execute.local import plan_tables  # noqa: E402
+from dcp.execute.tables import plan_tables  # noqa: E402
 from dcp.kernels import TileTable, native, varlen  # noqa: E402
 from dcp.kernels.varlen_ops import for_call, select_ops  # noqa: E402
 from dcp.kernels.varlen_schedule import VarlenCall, build_schedule  # noqa: E402

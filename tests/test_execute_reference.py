@@ -5,7 +5,6 @@ be at most 2x as far from the fp64 truth as dense bf16 attention is (plus a smal
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import zlib
 
@@ -21,7 +20,7 @@ from dcp.cluster import Cluster
 from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import ExecutionError, PlanValidationError
 from dcp.execute import ReferenceExecutor, dispatch, reference_attention, undispatch
-from dcp.execute.local import plan_tables
+from dcp.execute.tables import plan_tables
 from dcp.masks import (CausalBlockwiseMask, CausalMask, DocumentMask, FullMask, LambdaMask, ModalityMask,
                        PrefixLMMask, RangesMask, SharedQuestionMask, SlidingWindowMask)
 from dcp.partition import GreedyPartitioner

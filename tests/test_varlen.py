@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from _budget import n_examples
 from dcp.errors import ExecutionError
 from dcp.execute import ReferenceExecutor
-from dcp.execute.local import plan_tables, resolve_kernels
+from dcp.execute.local import resolve_kernels
+from dcp.execute.tables import plan_tables
 from dcp.kernels import TileTable, get_kernels, reference, varlen
 from dcp.kernels.varlen_ops import EmulatedOps, _window_mask, select_ops
 from dcp.kernels.varlen_schedule import CAUSAL, FULL, _disjoint, build_schedule

@@ -6,7 +6,8 @@
 - ``dispatch``/``undispatch``: scatter a packed batch to the devices' local layouts and gather it back;
 - ``reference_attention``: dense masked attention of the whole packed batch (the ground truth).
 
-The per-device interpreter both executors share is ``dcp.execute.local``.
+The per-device interpreter both executors share is ``dcp.execute.local``; the per-plan tables it reads
+(compiled op streams, buffer layouts, message shapes; cached per plan object) are ``dcp.execute.tables``.
 """
 from dcp.execute.autograd import DCPAttentionFunction, attention
 from dcp.execute.dispatch import dispatch, undispatch

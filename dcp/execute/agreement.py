@@ -29,7 +29,7 @@ _FAILED = b"\xff" * 32  # stands for "this rank could not digest its plan" in th
 
 def plan_digest(plan: Plan) -> bytes:
     """``execution_digest(plan)``, computed once per plan object."""
-    from dcp.execute.local import plan_tables
+    from dcp.execute.tables import plan_tables
     from dcp.serialize import execution_digest
 
     tab = plan_tables(plan)

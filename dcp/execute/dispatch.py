@@ -14,7 +14,7 @@ from dcp.plan import Plan
 
 
 def _index(plan: Plan, rank: int, device) -> torch.Tensor:
-    from dcp.execute.local import plan_tables
+    from dcp.execute.tables import plan_tables
 
     if not 0 <= int(rank) < plan.n_devices:
         raise ExecutionError(f"rank {rank} is not a device of this plan ({plan.n_devices} devices)")

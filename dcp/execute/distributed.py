@@ -26,7 +26,8 @@ import torch.distributed as dist
 
 from dcp.errors import ExecutionError
 from dcp.execute.agreement import agree_on_plan
-from dcp.execute.local import DeviceRunner, backward_home, default_scale, ensure_valid, plan_tables, resolve_kernels
+from dcp.execute.local import DeviceRunner, backward_home, default_scale, resolve_kernels
+from dcp.execute.tables import ensure_valid, plan_tables
 from dcp.plan import Plan
 
 

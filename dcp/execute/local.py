@@ -41,11 +41,9 @@ them; ``partial_dtype`` may raise partials to fp32) and lse/delta in fp32 (fp64 
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-import numpy as np
 import torch
 
 from dcp.errors import ExecutionError
@@ -53,14 +51,11 @@ from dcp.execute.fallback import FallbackKernels
 from dcp.kernels import get_kernels
 from dcp.kernels.tiles import TileTable
 from dcp.kernels.varlen_ops import gpu_varlen_available
-from dcp.execute.buffers import (BUF, HOME, MSG, DeviceLayout, build_layout, cat_as, nbytes, new_like_rows, pack,
-                                 rows_of, unpack)
+from dcp.execute.buffers import BUF, HOME, MSG, cat_as, nbytes, new_like_rows, pack, rows_of, unpack
+from dcp.execute.tables import INPUT_KINDS, OUTPUT_KINDS, Op, plan_tables
 from dcp.plan import Plan, Unit
-from dcp.program import DST, HB, KIND, SRC, TB
 from dcp.units import Kind
 
-INPUT_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
-OUTPUT_KINDS = {"forward": (Kind.O,), "backward": (Kind.DQ, Kind.DKV)}
 
 
 # --------------------------------------------------------------------------------------------- comm
@@ -154,197 +149,6 @@ def resolve_kernels(kernels=None) -> KernelAdapter:
             got = KernelAdapter(get_kernels(name), auto=name == "auto")
         _ADAPTERS[name] = got
     return got
-
-
-# ------------------------------------------------------------------------------------ plan tables
-@dataclass
-class Op:
-    code: str                 # "launch" | "wait" | "compute" | "reduce"
-    round: int = 0
-    sends: tuple = ()         # launch: ((peer, (unit, ...)), ...) grouped per peer, units sorted
-    recvs: tuple = ()
-    calls: tuple = ()         # compute: its kernel calls (``dcp.execute.buffers.Call``)
-    tiles: tuple = ()
-    unit: Unit | None = None
-    sources: tuple = ()
-
-
-class PlanTables:
-    """Per-plan derived data shared by every device and step (built lazily, cached per plan object)."""
-
-    def __init__(self, plan: Plan):
-        self.plan = plan
-        spec, lay = plan.spec, plan.layout
-        self.hq, self.hkv, self.d = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.hqb, self.nhb = lay.head_block_size, lay.n_head_blocks
-        self.kvb = lay.kv_heads_per_block
-        g = spec.group_size
-        # kv heads of head block hb (GQA): the kv head of its first query head onwards (when a block has
-        # fewer query heads than a kv group, the group's single kv head is shared by several blocks)
-        self.kv_lo = [(hb * self.hqb) // g for hb in range(self.nhb)]
-        self.tb_len = lay.tb_len.astype(np.int64)
-        self.home = plan.home.astype(np.int64)
-        # row offset of each token block inside its home's local tensors
-        self.local_off = np.zeros(lay.n_token_blocks, dtype=np.int64)
-        self.n_local = np.zeros(plan.n_devices, dtype=np.int64)
-        for d in range(plan.n_devices):
-            blocks = plan.local_blocks(d)
-            lens = self.tb_len[blocks]
-            self.local_off[blocks] = np.cumsum(lens) - lens
-            self.n_local[d] = int(lens.sum())
-        self._local_index = {}
-        self._stages: dict[tuple, tuple] = {}       # (direction, device, tiles) -> kernel calls
-        self._programs: dict[tuple, tuple[list[Op], list[int]]] = {}
-        self._layouts: dict[tuple, DeviceLayout] = {}
-        self._messages: dict[tuple, list] = {}
-        self._granges = None
-        self._scatter = None
-        self.validated = False
-        self.tiles_checked = False
-        self.digest: bytes | None = None  # dcp.execute.agreement.plan_digest
-
-    # -- local rows
-    def local_index(self, device: int) -> torch.Tensor:
-        idx = self._local_index.get(device)
-        if idx is None:
-            idx = torch.from_numpy(self.plan.local_token_index(device).astype(np.int64))
-            self._local_index[device] = idx
-        return idx
-
-    def scatter_index(self) -> tuple[torch.Tensor, list[int], bool]:
-        """(rows of every device's local layout, concatenated in device order; rows per device; whether that
-        is the identity permutation) for scattering a packed batch to all devices at once."""
-        if self._scatter is None:
-            idx = [self.plan.local_token_index(d) for d in range(self.plan.n_devices)]
-            perm = np.concatenate(idx).astype(np.int64) if idx else np.zeros(0, dtype=np.int64)
-            self._scatter = (torch.from_numpy(perm), [int(i.size) for i in idx],
-                             bool(np.array_equal(perm, np.arange(perm.size))))
-        return self._scatter
-
-    # -- mask ranges of the packed batch, local to each sequence, padded to the max slot count
-    def global_ranges(self) -> np.ndarray:
-        if self._granges is None:
-            spec = self.plan.spec
-            per_seq = [spec.kv_ranges(s) for s in range(spec.num_seqs)]
-            r = max(x.shape[1] for x in per_seq)
-            out = np.zeros((spec.total_tokens, r, 2), dtype=np.int32)
-            cu = spec.cu_seqlens
-            for s, x in enumerate(per_seq):
-                out[cu[s]:cu[s + 1], :x.shape[1]] = x
-            self._granges = out
-        return self._granges
-
-    # -- compiled programs
-    def program(self, direction: str, device: int) -> tuple[list[Op], list[int]]:
-        """(ops, segment starts): segment r (r >= 1) begins at round r's launch; segment 0 precedes it.
-        Compiling also derives the device's buffer layout (``layout``) and every Compute's calls."""
-        key = (direction, device)
-        got = self._programs.get(key)
-        if got is None:
-            ops, starts = self._compile(direction, device)
-            self._layouts[key] = build_layout(self, device, ops, INPUT_KINDS[direction], TileTable)
-            for op in ops:
-                if op.code == "compute":
-                    op.calls = self._stages.setdefault((direction, device, op.tiles), op.calls)
-            got = self._programs[key] = (ops, starts)
-        return got
-
-    def layout(self, direction: str, device: int) -> DeviceLayout:
-        self.program(direction, device)
-        return self._layouts[(direction, device)]
-
-    def _compile(self, direction: str, device: int):
-        """Ops of the device's canonical stream (``dcp.program.DeviceIndex.stream``), from its index ranges."""
-        if not 0 <= device < self.plan.n_devices:
-            raise ExecutionError(f"{direction}: device {device} is not one of the plan's {self.plan.n_devices}")
-        ops, starts = [], [0]
-        for op in self.plan.index(direction).stream(device):
-            code = op[0]
-            if code == "launch":
-                starts.append(len(ops))
-                ops.append(Op("launch", round=op[1], sends=_group(op[2], DST), recvs=_group(op[3], SRC)))
-            elif code == "wait":
-                ops.append(Op("wait", round=op[1]))
-            elif code == "compute":
-                ops.append(Op("compute", round=op[1], tiles=tuple(op[2].tolist())))
-            else:
-                kind, tb, hb = op[1]
-                ops.append(Op("reduce", unit=Unit(Kind(kind), tb, hb), sources=op[2]))
-        return ops, starts
-
-    # -- payload layout of a unit
-    def pieces(self, kind: Kind, tb: int, dt: "Dtypes") -> list[tuple[tuple, torch.dtype]]:
-        n = int(self.tb_len[tb])
-        hq, hkv, d = self.hqb, self.kvb, self.d
-        if kind == Kind.Q:
-            return [((n, hq, d), dt.el)]
-        if kind == Kind.KV:
-            return [((n, hkv, d), dt.el)] * 2
-        if kind == Kind.O:
-            return [((n, hq, d), dt.part), ((hq, n), dt.stat)]
-        if kind == Kind.QG:
-            return [((n, hq, d), dt.el)] * 2 + [((hq, n), dt.stat)] * 2
-        if kind == Kind.DQ:
-            return [((n, hq, d), dt.part)]
-        if kind == Kind.DKV:
-            return [((n, hkv, d), dt.part)] * 2
-        raise ExecutionError(f"unknown unit kind {kind!r}")
-
-    def message(self, units: tuple, dt: "Dtypes") -> list[tuple[tuple, torch.dtype]]:
-        """(shape, dtype) of every tensor of a message carrying ``units`` (cached)."""
-        got = self._messages.get((units, dt))
-        if got is None:
-            got = self._messages[(units, dt)] = [p for u in units for p in self.pieces(u.kind, u.tb, dt)]
-        return got
-
-
-def _group(rows: np.ndarray, peer_col: int) -> tuple:
-    """((peer, (unit, ...)), ...) of one round's transfer rows, per peer in order, units sorted."""
-    by_peer: dict[int, list] = {}
-    for kind, tb, hb, peer in rows[:, [KIND, TB, HB, peer_col]].tolist():
-        by_peer.setdefault(peer, []).append(Unit(Kind(kind), tb, hb))
-    return tuple((p, tuple(sorted(us))) for p, us in sorted(by_peer.items()))
-
-
-_TABLES: "weakref.WeakKeyDictionary[Plan, PlanTables]" = weakref.WeakKeyDictionary()
-
-
-def plan_tables(plan: Plan) -> PlanTables:
-    """The cached derived tables of ``plan`` (built on first use)."""
-    tab = _TABLES.get(plan)
-    if tab is None:
-        tab = PlanTables(plan)
-        _TABLES[plan] = tab
-    return tab
-
-
-def check_tiles_once(plan: Plan) -> None:
-    """Cheap structural check run even without full validation (cached per plan): every tile has a device
-    of the cluster and, in each direction, one stage >= 0 (the columnar IR runs each tile exactly once,
-    on its device, in its stage). Raises ``ExecutionError``."""
-    tab = plan_tables(plan)
-    if tab.tiles_checked:
-        return
-    n, dev = plan.tiles.n_tiles, np.asarray(plan.tile_device)
-    if dev.shape != (n,) or (n and (dev.min() < 0 or dev.max() >= plan.n_devices)):
-        raise ExecutionError(f"tile_device must give each of the {n} tiles a device of the {plan.n_devices}")
-    for direction in ("forward", "backward"):
-        stage = np.asarray(plan.columns(direction).tile_stage)
-        if stage.shape != (n,) or (n and stage.min() < 0):
-            raise ExecutionError(f"{direction}: tile_stage must give each of the {n} tiles a stage >= 0")
-    tab.tiles_checked = True
-
-
-def ensure_valid(plan: Plan, full: bool = True) -> None:
-    """``dcp.validate.validate(plan)`` once per plan object (raises ``PlanValidationError``); with
-    ``full=False`` only ``check_tiles_once``."""
-    tab = plan_tables(plan)
-    if full and not tab.validated:
-        from dcp.validate import validate
-
-        validate(plan)
-        tab.validated = True
-    check_tiles_once(plan)
 
 
 # ------------------------------------------------------------------------------------ the runner

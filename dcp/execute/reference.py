@@ -16,8 +16,8 @@ import torch
 from dcp.errors import ExecutionError
 from dcp.execute.buffers import cat_as
 from dcp.execute.dispatch import undispatch
-from dcp.execute.local import (DeviceRunner, _stat_dtype, backward_home, default_scale, ensure_valid, own_storages,
-                               plan_tables, resolve_kernels)
+from dcp.execute.local import DeviceRunner, _stat_dtype, backward_home, default_scale, own_storages, resolve_kernels
+from dcp.execute.tables import ensure_valid, plan_tables
 from dcp.plan import Plan
 
 
