@@ -89,11 +89,7 @@ class DCPPlanner(Planner):
         layout, tiles = self._hypergraph_blocks(spec, layout, tiles)
         pending = None
         if cfg.search.hypergraph:
-            # balance exact work (FLOPs): the executors run each stage as one fused call whose speed
-            # depends on merged extents, not on how finely tiles are cut
-            pending = start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
-                                   cluster.gpus_per_node, cfg.partitioner, cfg.epsilon_inter, cfg.epsilon_intra,
-                                   cfg.epsilon_memory, cfg.seed, cfg.time_budget_s)
+            pending = self._start_assign(spec, cluster, layout, tiles, cfg.partitioner, cfg.time_budget_s)
         try:
             cands, packings = self._packings(spec, cluster, layout, tiles)
             notes: list[str] = []
@@ -207,6 +203,15 @@ class DCPPlanner(Planner):
                 groups["pack(aligned)"] = (pk.groups, weights)
         return out, groups
 
+    def _start_assign(self, spec, cluster, layout, tiles, partitioner, time_budget_s):
+        """The two-level hypergraph placement of ``tiles`` with ``partitioner`` (``dcp.assign.start_assign``),
+        balancing exact work (FLOPs): the executors run each stage as one fused call whose speed depends on
+        merged extents, not on how finely tiles are cut."""
+        cfg = self.config
+        return start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
+                            cluster.gpus_per_node, partitioner, cfg.epsilon_inter, cfg.epsilon_intra,
+                            cfg.epsilon_memory, cfg.seed, time_budget_s)
+
     def _hypergraph(self, spec, cluster, layout, tiles, pending, notes: list[str], others: bool) -> Candidate:
         cfg = self.config
         try:
@@ -219,9 +224,7 @@ class DCPPlanner(Planner):
             notes.append(msg)
             if others:
                 raise _Dropped from None
-            placed = start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
-                                  cluster.gpus_per_node, GreedyPartitioner(), cfg.epsilon_inter, cfg.epsilon_intra,
-                                  cfg.epsilon_memory, cfg.seed, None).result()
+            placed = self._start_assign(spec, cluster, layout, tiles, GreedyPartitioner(), None).result()
         for note in placed.fallbacks:
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         return evaluate("hypergraph", spec, cluster, layout, tiles, placed.home, placed.tile_device, cfg.cost_model,

@@ -121,7 +121,7 @@ def test_single_element_array_edits_are_refused_or_harmless(case):
 
 def _header_edits(header: dict) -> dict:
     """Named single-field edits of the JSON header."""
-    spec, lay = header["spec"], header["layout"]
+    spec = header["spec"]
 
     def at(path, value):
         def edit(h):

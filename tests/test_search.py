@@ -17,7 +17,7 @@ from dcp.cost import CostModel
 from dcp.pack import pack, pack_aligned, zigzag_cuts
 from dcp.partition import GreedyPartitioner
 from dcp.refine import refine_packing
-from dcp.schedule import find_demands, schedule
+from dcp.schedule import schedule
 from dcp.serialize import execution_digest
 from dcp.sim import simulate_both
 from dcp.sim.estimate import estimate_makespan_s

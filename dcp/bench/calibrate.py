@@ -321,18 +321,10 @@ def fit_executor(points: list[dict]) -> dict[str, float]:
 
 
 def _spawn_two(fn, args: tuple, name: str):
-    import socket
-    import tempfile
+    """``fn`` in two local processes (``dcp.bench.run.spawn_local``); the JSON they wrote."""
+    from dcp.bench.run import spawn_local
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, name)
-        mp.start_processes(fn, args=(2, port, *args, out), nprocs=2, join=True, start_method="spawn")
-        return json.loads(Path(out).read_text())
+    return spawn_local(fn, 2, args, name)
 
 
 def calibrate(cfg: CalibrateConfig) -> dict:

@@ -279,8 +279,9 @@ def _local_rank_main(rank: int, world: int, port: int, cfg: RunConfig, out: str)
         dist.destroy_process_group()
 
 
-def run_local(cfg: RunConfig, nproc: int) -> list[dict]:
-    """Start ``nproc`` gloo processes on this machine (CPU), run ``cfg`` on them, return rank 0's rows."""
+def spawn_local(fn, nproc: int, args: tuple, name: str = "result.json"):
+    """Run ``fn(rank, nproc, port, *args, out)`` in ``nproc`` spawned processes on this machine (they meet
+    at ``port``, a free local TCP port); returns the JSON that the processes wrote to the file ``out``."""
     import socket
     import tempfile
 
@@ -290,10 +291,14 @@ def run_local(cfg: RunConfig, nproc: int) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.json")
-        mp.start_processes(_local_rank_main, args=(nproc, port, cfg, out), nprocs=nproc, join=True,
-                           start_method="spawn")
+        out = os.path.join(tmp, name)
+        mp.start_processes(fn, args=(nproc, port, *args, out), nprocs=nproc, join=True, start_method="spawn")
         return json.loads(Path(out).read_text())
+
+
+def run_local(cfg: RunConfig, nproc: int) -> list[dict]:
+    """Start ``nproc`` gloo processes on this machine (CPU), run ``cfg`` on them, return rank 0's rows."""
+    return spawn_local(_local_rank_main, nproc, (cfg,), "rows.json")
 
 
 # ------------------------------------------------------------------------------------------ CLI
