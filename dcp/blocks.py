@@ -36,6 +36,14 @@ class BlockLayout:
     n_head_blocks: int
     kv_heads_per_block: int
     group_size: int = 1  # query heads per KV head (GQA)
+    #: a grouped layout (``dcp.pieces``): the ordinary layout of its pieces, and each piece's block
+    pieces: "BlockLayout | None" = None
+    piece_block: np.ndarray | None = None
+
+    @property
+    def grouped(self) -> bool:
+        """Blocks are groups of pieces of several sequences (``dcp.pieces``)."""
+        return self.pieces is not None
 
     @property
     def n_token_blocks(self) -> int:
@@ -113,6 +121,10 @@ class TileSet:
     full: np.ndarray
     fwd_flops: np.ndarray
     bwd_flops: np.ndarray
+    #: grouped tiles only (``dcp.pieces``): sequences taking part, and their q and kv tokens
+    sub_n: np.ndarray | None = None
+    sub_q: np.ndarray | None = None
+    sub_kv: np.ndarray | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -151,7 +163,11 @@ def pair_counts(ranges_tr2: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 
 def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
-    """All non-empty tiles of the batch under ``layout``."""
+    """All non-empty tiles of the batch under ``layout`` (grouped layouts: ``dcp.pieces``)."""
+    if layout.grouped:
+        from dcp.pieces import enumerate_grouped_tiles
+
+        return enumerate_grouped_tiles(spec, layout)
     q_parts, k_parts, c_parts = [], [], []
     for seq in range(spec.num_seqs):
         bounds = layout.seq_bounds(seq)

@@ -1,0 +1,128 @@
+"""Shard blocks: token blocks made of contiguous *pieces* of several sequences.
+
+A static baseline at hundreds of devices cuts every sequence into one chunk per device, so a 1M-token
+batch of 137 sequences over 1,024 devices has 140K chunks and ~10^8 (q chunk, kv chunk) pairs -- far too
+many rows for a plan. Real ring attention does not run them one by one: each device holds its chunk of
+every sequence as one shard, sends the shard as one message per ring step, and runs one varlen kernel call
+per step over all sequences. A *grouped* layout says exactly that: its token blocks (``BlockLayout``
+with ``pieces`` set) are groups of pieces -- contiguous per-sequence blocks of an ordinary layout
+(``pieces``) -- all homed on one device; a tile is a (q block, kv block, head block) triple of the
+grouped blocks whose pieces share at least one attended pair, and its ``unmasked`` count is the sum over
+sequences. Planners, the validator, the serializer and the simulator read grouped plans as they are; an
+executor runs the equivalent plan over the pieces (``dcp.expand``).
+
+Grouped tiles carry, for the cost model, how many sequences take part (``sub_n``) and the tokens of those
+sequences in the q and kv block (``sub_q``, ``sub_kv``): one grouped tile is charged as ``sub_n`` kernel
+sub-tiles of the mean extents, as the varlen call would run it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dcp.errors import InvalidBatchError, InvalidConfigError
+from dcp.spec import BatchSpec
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedCounts:
+    """Sparse counts between grouped blocks, sorted by (q block, kv block); one row per pair of blocks
+    with at least one attended (q, kv) pair. ``unmasked``: attended pairs per head; ``area``: the sum over
+    the sequences taking part of (their q tokens) x (their kv tokens) in the two blocks; ``sub_n``: those
+    sequences; ``sub_q``/``sub_kv``: their tokens in the q / kv block."""
+
+    q_block: np.ndarray
+    kv_block: np.ndarray
+    unmasked: np.ndarray
+    area: np.ndarray
+    sub_n: np.ndarray
+    sub_q: np.ndarray
+    sub_kv: np.ndarray
+
+
+def check_grouping(pieces, piece_block: np.ndarray) -> tuple[np.ndarray, int]:
+    """``piece_block`` as int64 with the number of grouped blocks; every block 0..n-1 must hold a piece."""
+    pb = np.asarray(piece_block)
+    if pb.ndim != 1 or pb.size != pieces.n_token_blocks or (pb.size and pb.dtype.kind not in "iu"):
+        raise InvalidConfigError(f"piece_block must be one int per piece ({pieces.n_token_blocks}), got "
+                                 f"shape {pb.shape} {pb.dtype}")
+    pb = pb.astype(np.int64)
+    n = int(pb.max()) + 1 if pb.size else 0
+    if pb.size and (pb.min() < 0 or (np.bincount(pb, minlength=n) == 0).any()):
+        raise InvalidConfigError("piece_block must name blocks 0..n-1, each holding at least one piece")
+    return pb, n
+
+
+def group_layout(pieces, piece_block: np.ndarray):
+    """The grouped ``BlockLayout`` whose block b holds the pieces with ``piece_block == b``.
+
+    Its ``tb_len`` is the block's tokens; ``tb_start`` its first piece's row; ``tb_seq`` is -1 (a block
+    may span sequences) and ``seq_tb_ptr`` all zeros: per-sequence views go through ``pieces``."""
+    from dcp.blocks import BlockLayout
+
+    if pieces.pieces is not None:
+        raise InvalidConfigError("the pieces of a grouped layout must be an ordinary (ungrouped) layout")
+    pb, n = check_grouping(pieces, piece_block)
+    lens = np.bincount(pb, weights=pieces.tb_len, minlength=n).astype(np.int32)
+    start = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(start, pb, pieces.tb_start.astype(np.int64))
+    return BlockLayout(np.full(n, -1, dtype=np.int32), start, lens,
+                       np.zeros(pieces.seq_tb_ptr.size, dtype=np.int32), pieces.head_block_size,
+                       pieces.n_head_blocks, pieces.kv_heads_per_block, pieces.group_size,
+                       pieces=pieces, piece_block=pb.astype(np.int32))
+
+
+def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarray) -> GroupedCounts:
+    """``GroupedCounts`` sequence by sequence: ``dcp.blocks.pair_counts`` between the pieces of each
+    sequence, folded onto their blocks. Defines the semantics of the native path."""
+    from dcp.blocks import pair_counts
+
+    pb, n = check_grouping(pieces, piece_block)
+    keys, cols = [], []
+    for seq in range(spec.num_seqs):
+        lo, hi = int(pieces.seq_tb_ptr[seq]), int(pieces.seq_tb_ptr[seq + 1])
+        counts = pair_counts(spec.kv_ranges(seq), pieces.seq_bounds(seq))
+        qi, ki = np.nonzero(counts)
+        if qi.size == 0:
+            continue
+        blk = pb[lo:hi]
+        # this sequence's tokens in each of its blocks
+        seq_tokens = np.bincount(blk, weights=pieces.tb_len[lo:hi], minlength=n).astype(np.int64)
+        key = blk[qi] * n + blk[ki]
+        ukey, inv = np.unique(key, return_inverse=True)
+        um = np.bincount(inv, weights=counts[qi, ki], minlength=ukey.size).astype(np.int64)
+        qb, kb = ukey // n, ukey % n
+        keys.append(ukey)
+        cols.append(np.stack([um, seq_tokens[qb] * seq_tokens[kb], np.ones_like(um), seq_tokens[qb],
+                              seq_tokens[kb]], axis=1))
+    if not keys:
+        raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
+    key = np.concatenate(keys)
+    ukey, inv = np.unique(key, return_inverse=True)
+    vals = np.zeros((ukey.size, 5), dtype=np.int64)
+    np.add.at(vals, inv, np.concatenate(cols))
+    return GroupedCounts((ukey // n).astype(np.int32), (ukey % n).astype(np.int32), *vals.T)
+
+
+def grouped_pair_counts(spec: BatchSpec, pieces, piece_block: np.ndarray) -> GroupedCounts:
+    """``GroupedCounts`` of a grouped layout (the native path when the extension has it)."""
+    return grouped_pair_counts_reference(spec, pieces, piece_block)
+
+
+def enumerate_grouped_tiles(spec: BatchSpec, layout):
+    """All non-empty tiles of a grouped layout, in ``enumerate_tiles`` order (q block, head block, kv
+    block), with the grouped fields set."""
+    from dcp.blocks import TileSet
+
+    c = grouped_pair_counts(spec, layout.pieces, layout.piece_block)
+    nhb = layout.n_head_blocks
+    # pairs are sorted by (q, kv); expand over head blocks and regroup to (q, hb, kv)
+    pair = np.repeat(np.arange(c.q_block.size), nhb)
+    hb = np.tile(np.arange(nhb, dtype=np.int32), c.q_block.size)
+    order = np.lexsort((c.kv_block[pair], hb, c.q_block[pair]))
+    pair, hb = pair[order], hb[order]
+    um = c.unmasked[pair]
+    fwd = 4.0 * um * spec.head_dim * layout.head_block_size
+    return TileSet(c.q_block[pair], c.kv_block[pair], hb, um, um == c.area[pair], fwd, 2.5 * fwd,
+                   sub_n=c.sub_n[pair].astype(np.int32), sub_q=c.sub_q[pair], sub_kv=c.sub_kv[pair])
