@@ -11,7 +11,9 @@ validation included), ``validate_s`` (one more validation alone), ``peak_rss_gib
 peak resident memory after planning, interpreter and libraries included; ``base_rss_gib`` is the
 peak before planning), ``child_peak_rss_gib`` (the partitioner's worker process, dcp only), plan bytes and
 whether ``from_bytes(to_bytes())`` gives the same bytes, and the simulated forward + backward (seconds
-to simulate and the simulated makespans).
+to simulate and the simulated makespans). ``grouped``: the static baseline grouped each device's
+chunks of every sequence into one token block (``dcp.pieces``; automatic above
+``dcp.baselines.common.SHARD_TILES`` per-sequence tiles), ``n_pieces`` the per-sequence blocks.
 
     python benchmarks/bench_scale.py                       # the target table (long: minutes per case)
     python benchmarks/bench_scale.py --quick               # 1M tokens at 32 and 64 devices only
@@ -84,6 +86,8 @@ def run_case(case: dict) -> dict:
     validate(plan)
     out["validate_s"] = round(time.perf_counter() - t, 3)
     stats = plan.stats()
+    # grouped static baselines (dcp.pieces): each device's chunks of every sequence form one token block
+    out.update(grouped=plan.layout.grouped, n_pieces=(plan.layout.pieces or plan.layout).n_token_blocks)
     out.update(n_tiles=stats.n_tiles, compute_imbalance=round(stats.compute_imbalance, 4),
                comm_bytes_total=stats.comm_bytes_total,
                n_transfers=sum(int(plan.columns(d).transfers.shape[0]) for d in ("forward", "backward")))

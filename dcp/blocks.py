@@ -121,10 +121,11 @@ class TileSet:
     full: np.ndarray
     fwd_flops: np.ndarray
     bwd_flops: np.ndarray
-    #: grouped tiles only (``dcp.pieces``): sequences taking part, and their q and kv tokens
+    #: grouped tiles only (``dcp.pieces``): sequences taking part, and the moments of their pairs
     sub_n: np.ndarray | None = None
-    sub_q: np.ndarray | None = None
-    sub_kv: np.ndarray | None = None
+    sub_wq: np.ndarray | None = None
+    sub_wk: np.ndarray | None = None
+    sub_wqk: np.ndarray | None = None
 
     @property
     def n_tiles(self) -> int:

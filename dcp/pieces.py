@@ -11,9 +11,11 @@ grouped blocks whose pieces share at least one attended pair, and its ``unmasked
 sequences. Planners, the validator, the serializer and the simulator read grouped plans as they are; an
 executor runs the equivalent plan over the pieces (``dcp.expand``).
 
-Grouped tiles carry, for the cost model, how many sequences take part (``sub_n``) and the tokens of those
-sequences in the q and kv block (``sub_q``, ``sub_kv``): one grouped tile is charged as ``sub_n`` kernel
-sub-tiles of the mean extents, as the varlen call would run it.
+Grouped tiles carry, for the cost model, how many sequences take part (``sub_n``) and three moments of
+their pairs: with p_s the attended pairs of sequence s in the tile and q_s / k_s its tokens in the q / kv
+block, ``sub_wq`` = sum p_s / q_s, ``sub_wk`` = sum p_s / k_s, ``sub_wqk`` = sum p_s / (q_s k_s). The cost
+model's efficiency is a product of q/(q + h_q) and k/(k + h_k), so the time of the per-sequence sub-tiles
+(as the varlen call runs them), sum p_s (1 + h_q/q_s)(1 + h_k/k_s), follows from the moments exactly.
 """
 from __future__ import annotations
 
@@ -30,15 +32,16 @@ class GroupedCounts:
     """Sparse counts between grouped blocks, sorted by (q block, kv block); one row per pair of blocks
     with at least one attended (q, kv) pair. ``unmasked``: attended pairs per head; ``area``: the sum over
     the sequences taking part of (their q tokens) x (their kv tokens) in the two blocks; ``sub_n``: those
-    sequences; ``sub_q``/``sub_kv``: their tokens in the q / kv block."""
+    sequences; ``sub_wq``/``sub_wk``/``sub_wqk``: float64 moments (module docstring)."""
 
     q_block: np.ndarray
     kv_block: np.ndarray
     unmasked: np.ndarray
     area: np.ndarray
     sub_n: np.ndarray
-    sub_q: np.ndarray
-    sub_kv: np.ndarray
+    sub_wq: np.ndarray
+    sub_wk: np.ndarray
+    sub_wqk: np.ndarray
 
 
 def check_grouping(pieces, piece_block: np.ndarray) -> tuple[np.ndarray, int]:
@@ -79,7 +82,7 @@ def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarr
     from dcp.blocks import pair_counts
 
     pb, n = check_grouping(pieces, piece_block)
-    keys, cols = [], []
+    keys, cols, moments = [], [], []
     for seq in range(spec.num_seqs):
         lo, hi = int(pieces.seq_tb_ptr[seq]), int(pieces.seq_tb_ptr[seq + 1])
         counts = pair_counts(spec.kv_ranges(seq), pieces.seq_bounds(seq))
@@ -94,15 +97,18 @@ def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarr
         um = np.bincount(inv, weights=counts[qi, ki], minlength=ukey.size).astype(np.int64)
         qb, kb = ukey // n, ukey % n
         keys.append(ukey)
-        cols.append(np.stack([um, seq_tokens[qb] * seq_tokens[kb], np.ones_like(um), seq_tokens[qb],
-                              seq_tokens[kb]], axis=1))
+        tq, tk = seq_tokens[qb], seq_tokens[kb]
+        cols.append(np.stack([um, tq * tk, np.ones_like(um)], axis=1))
+        moments.append(np.stack([um / tq, um / tk, um / (tq * tk)], axis=1))
     if not keys:
         raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
     key = np.concatenate(keys)
     ukey, inv = np.unique(key, return_inverse=True)
-    vals = np.zeros((ukey.size, 5), dtype=np.int64)
+    vals = np.zeros((ukey.size, 3), dtype=np.int64)
     np.add.at(vals, inv, np.concatenate(cols))
-    return GroupedCounts((ukey // n).astype(np.int32), (ukey % n).astype(np.int32), *vals.T)
+    mom = np.zeros((ukey.size, 3), dtype=np.float64)
+    np.add.at(mom, inv, np.concatenate(moments))
+    return GroupedCounts((ukey // n).astype(np.int32), (ukey % n).astype(np.int32), *vals.T, *mom.T)
 
 
 def grouped_pair_counts(spec: BatchSpec, pieces, piece_block: np.ndarray) -> GroupedCounts:
@@ -125,4 +131,5 @@ def enumerate_grouped_tiles(spec: BatchSpec, layout):
     um = c.unmasked[pair]
     fwd = 4.0 * um * spec.head_dim * layout.head_block_size
     return TileSet(c.q_block[pair], c.kv_block[pair], hb, um, um == c.area[pair], fwd, 2.5 * fwd,
-                   sub_n=c.sub_n[pair].astype(np.int32), sub_q=c.sub_q[pair], sub_kv=c.sub_kv[pair])
+                   sub_n=c.sub_n[pair].astype(np.int32), sub_wq=c.sub_wq[pair], sub_wk=c.sub_wk[pair],
+                   sub_wqk=c.sub_wqk[pair])

@@ -114,20 +114,30 @@ class Plan:
     def n_devices(self) -> int:
         return self.cluster.n_devices
 
+    def _contiguous(self) -> tuple[BlockLayout, np.ndarray]:
+        """(ordinary layout, home per block): a grouped layout's pieces with their blocks' homes."""
+        lay = self.layout
+        if lay.grouped:
+            return lay.pieces, self.home[lay.piece_block]
+        return lay, self.home
+
     def token_device(self) -> np.ndarray:
         """int32 ``[total_tokens]``: the home device of every token of the packed batch."""
-        return np.repeat(self.home, self.layout.tb_len).astype(np.int32)
+        lay, home = self._contiguous()
+        return np.repeat(home, lay.tb_len).astype(np.int32)
 
     def local_blocks(self, device: int) -> np.ndarray:
         """Token blocks homed on ``device``, in the order their rows are stacked locally."""
         return np.flatnonzero(self.home == device)
 
     def local_token_index(self, device: int) -> np.ndarray:
-        """int64 rows of the packed batch that ``device`` holds, in local order."""
-        blocks = self.local_blocks(device)
+        """int64 rows of the packed batch that ``device`` holds, in local order (increasing rows: its
+        blocks in order; a grouped layout's pieces in order)."""
+        lay, home = self._contiguous()
+        blocks = np.flatnonzero(home == device)
         if blocks.size == 0:
             return np.zeros(0, dtype=np.int64)
-        starts, lens = self.layout.tb_start[blocks], self.layout.tb_len[blocks]
+        starts, lens = lay.tb_start[blocks], lay.tb_len[blocks]
         offs = np.repeat(starts - np.r_[0, np.cumsum(lens)[:-1]], lens)
         return offs + np.arange(int(lens.sum()))
 

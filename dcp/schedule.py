@@ -271,7 +271,8 @@ def schedule(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
     group = cost.tile_groups(layout, tiles)
     flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
     fused = cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, group, layout.tb_len, tile_device, n,
-                               backward=direction == "backward", unmasked=tiles.unmasked)
+                               backward=direction == "backward", unmasked=tiles.unmasked,
+                               shapes=cost.tile_shapes(tiles))
     alone = np.bincount(tile_device, weights=tile_time, minlength=n)
     tile_time = tile_time * (fused / np.maximum(alone, 1e-300))[tile_device]
     dm = find_demands(spec, layout, tiles, home, tile_device, tile_time, direction)

@@ -43,6 +43,11 @@ ARRAYS = {"tb_seq": ("iu", 1), "tb_start": ("iu", 1), "tb_len": ("iu", 1), "seq_
           "fwd_flops": ("f", 1), "bwd_flops": ("f", 1), "home": ("iu", 1), "tile_device": ("iu", 1),
           **{f"{d}.{a}": ("iu", 1 if a == "tile_stage" else 2) for d in ("forward", "backward")
              for a in _PROGRAM_ARRAYS}}
+#: a grouped layout's arrays (``dcp.pieces``): all of them or none
+GROUPED_ARRAYS = {"pieces.tb_seq": ("iu", 1), "pieces.tb_start": ("iu", 1), "pieces.tb_len": ("iu", 1),
+                  "pieces.seq_tb_ptr": ("iu", 1), "piece_block": ("iu", 1), "sub_n": ("iu", 1),
+                  "sub_wq": ("f", 1), "sub_wk": ("f", 1), "sub_wqk": ("f", 1)}
+SUB_ARRAYS = ("sub_n", "sub_wq", "sub_wk", "sub_wqk")
 _MASK_ARRAYS = {"runs": ("iu", 3), "run_len": ("iu", 1)}
 _HEADER_KEYS = ("spec", "cluster", "layout", "planner", "notes", "meta", "arrays")
 _KIND_NAMES = {"i": "int", "u": "uint", "b": "bool", "f": "float"}
@@ -112,6 +117,11 @@ def _plan_arrays(plan: Plan) -> dict[str, np.ndarray]:
         "full": tiles.full, "fwd_flops": tiles.fwd_flops, "bwd_flops": tiles.bwd_flops,
         "home": plan.home, "tile_device": plan.tile_device,
     }
+    if lay.grouped:
+        pc = lay.pieces
+        arrays.update({"pieces.tb_seq": pc.tb_seq, "pieces.tb_start": pc.tb_start, "pieces.tb_len": pc.tb_len,
+                       "pieces.seq_tb_ptr": pc.seq_tb_ptr, "piece_block": lay.piece_block,
+                       **{k: getattr(tiles, k) for k in SUB_ARRAYS}})
     for d in ("forward", "backward"):
         prog = plan.columns(d)
         arrays.update({f"{d}.{a}": getattr(prog, a) for a in _PROGRAM_ARRAYS})
@@ -183,6 +193,8 @@ def _array_rule(name) -> tuple[str, int] | None:
         return None
     if name in ARRAYS:
         return ARRAYS[name]
+    if name in GROUPED_ARRAYS:
+        return GROUPED_ARRAYS[name]
     head, _, field = name.partition(".")
     if head.startswith("mask") and head[4:].isdigit() and field in _MASK_ARRAYS:
         return _MASK_ARRAYS[field]
@@ -195,10 +207,11 @@ def _read_arrays(data: bytes, specs, pos: int) -> dict[str, np.ndarray]:
         raise SerializationError("plan header: 'arrays' must list [name, dtype, shape] triples")
     names = [x[0] for x in specs]
     fixed = [n for n in names if n in ARRAYS]
+    grouped = [n for n in names if n in GROUPED_ARRAYS]
     if sorted(fixed) != sorted(ARRAYS) or len(set(map(str, names))) != len(names) or \
-            any(_array_rule(n) is None for n in names):
+            any(_array_rule(n) is None for n in names) or (grouped and sorted(grouped) != sorted(GROUPED_ARRAYS)):
         raise SerializationError(f"plan header lists arrays {names}, the format has {list(ARRAYS)} (and "
-                                 f"mask<i>.runs / mask<i>.run_len)")
+                                 f"mask<i>.runs / mask<i>.run_len; a grouped layout all of {list(GROUPED_ARRAYS)})")
     arrays = {}
     end = len(data) - 4
     for name, dtype, shape in specs:
@@ -310,10 +323,15 @@ def plan_from_bytes(data: bytes) -> Plan:
         raise SerializationError(f"plan header describes no valid batch and cluster: {type(err).__name__}: "
                                  f"{err}") from err
     lh = header["layout"]
-    layout = BlockLayout(arrays["tb_seq"], arrays["tb_start"], arrays["tb_len"], arrays["seq_tb_ptr"],
-                         lh["head_block_size"], lh["n_head_blocks"], lh["kv_heads_per_block"], lh["group_size"])
+    heads = (lh["head_block_size"], lh["n_head_blocks"], lh["kv_heads_per_block"], lh["group_size"])
+    grouped = "piece_block" in arrays
+    pieces = BlockLayout(*(arrays[f"pieces.{k}"] for k in ("tb_seq", "tb_start", "tb_len", "seq_tb_ptr")),
+                         *heads) if grouped else None
+    layout = BlockLayout(arrays["tb_seq"], arrays["tb_start"], arrays["tb_len"], arrays["seq_tb_ptr"], *heads,
+                         pieces=pieces, piece_block=arrays["piece_block"] if grouped else None)
+    sub = {k: arrays[k] for k in SUB_ARRAYS} if grouped else {}
     tiles = TileSet(arrays["q_tb"], arrays["kv_tb"], arrays["hb"], arrays["unmasked"], arrays["full"],
-                    arrays["fwd_flops"], arrays["bwd_flops"])
+                    arrays["fwd_flops"], arrays["bwd_flops"], **sub)
     fwd, bwd = (Program(d, *(arrays[f"{d}.{a}"] for a in _PROGRAM_ARRAYS)) for d in ("forward", "backward"))
     return Plan(spec, cluster, layout, tiles, arrays["home"], arrays["tile_device"], fwd, bwd,
                 header["planner"], 0.0, tuple(header["notes"]), dict(header["meta"]))

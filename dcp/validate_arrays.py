@@ -140,7 +140,39 @@ def check_columns(plan: Plan, direction: str, pb) -> None:
 
 
 def _check_layout(plan: Plan, pb) -> None:
-    spec, lay = plan.spec, plan.layout
+    if plan.layout.grouped:
+        _check_grouped_layout(plan.spec, plan.layout, pb)
+    else:
+        _check_plain_layout(plan.spec, plan.layout, pb)
+
+
+def _check_grouped_layout(spec, lay, pb) -> None:
+    """A grouped layout (``dcp.pieces``): its pieces are an ordinary layout of the batch, every piece is in
+    one block, and the block arrays are the ones ``group_layout`` derives from them."""
+    from dcp.blocks import BlockLayout
+    from dcp.pieces import group_layout
+
+    if not isinstance(lay.pieces, BlockLayout) or lay.pieces.grouped:
+        pb.add(f"the pieces of a grouped layout must be an ordinary BlockLayout, got {type(lay.pieces).__name__}")
+        return
+    _check_plain_layout(spec, lay.pieces, pb)
+    if pb.items or not _vector(pb, "piece_block", lay.piece_block, "iu", lay.pieces.n_token_blocks):
+        return
+    try:
+        want = group_layout(lay.pieces, lay.piece_block)
+    except DcpError as err:
+        pb.add(f"the grouping of pieces into token blocks is invalid: {err}")
+        return
+    for name in ("tb_seq", "tb_start", "tb_len", "seq_tb_ptr"):
+        if not np.array_equal(getattr(lay, name), getattr(want, name)):
+            pb.add(f"grouped layout: {name} does not follow from its pieces and piece_block")
+            return
+    got = (lay.head_block_size, lay.n_head_blocks, lay.kv_heads_per_block, lay.group_size)
+    if got != (want.head_block_size, want.n_head_blocks, want.kv_heads_per_block, want.group_size):
+        pb.add(f"grouped layout: head blocking {got} differs from its pieces'")
+
+
+def _check_plain_layout(spec, lay, pb) -> None:
     n_seq, n_tb = spec.num_seqs, lay.n_token_blocks
     ptr = lay.seq_tb_ptr.astype(np.int64)
     if ptr.size != n_seq + 1 or ptr[0] != 0 or ptr[-1] != n_tb or (np.diff(ptr) <= 0).any():
@@ -203,6 +235,13 @@ def _check_tiles(plan: Plan, pb) -> None:
         if bad.any():
             t = _first(bad)
             pb.add(f"tile {t} has {what} {getattr(tiles, name)[t]!r}; the masks give {getattr(want, name)[t]!r}")
+    for name in ("sub_n", "sub_wq", "sub_wk", "sub_wqk"):  # grouped tiles' per-sequence moments (None otherwise)
+        got, exp = getattr(tiles, name), getattr(want, name)
+        if (got is None) != (exp is None) or (exp is not None and (
+                not isinstance(got, np.ndarray) or got.shape != exp.shape
+                or not np.allclose(got, exp, rtol=1e-9, atol=0.0))):
+            pb.add(f"tiles.{name} does not match the masks' grouped tiles" if exp is not None else
+                   f"tiles.{name} is set, but the layout is not grouped")
     for name in ("fwd_flops", "bwd_flops"):
         got, exp = getattr(tiles, name), getattr(want, name)
         bad = ~np.isclose(got, exp, rtol=1e-12, atol=0.0)

@@ -12,6 +12,9 @@ from dcp.partition import GreedyPartitioner
 
 EXECUTOR = ReferenceExecutor(kernels="auto")
 PLANNERS = {name: cls() for name, cls in BASELINES.items()}
+# grouped plans (each device's chunks of every sequence as one token block, dcp.pieces) run expanded
+PLANNERS.update({f"{name}_shards": BASELINES[name](shards=True)
+                 for name in ("ring", "zigzag", "te_a2a_p2p", "loongtrain")})
 PLANNERS["dcp"] = dcp.DCPPlanner(dcp.PlannerConfig(block_size=8, partitioner=GreedyPartitioner(),
                                                    time_budget_s=None))
 

@@ -95,6 +95,17 @@ def _scenario_correct(rank, world):
     for family, nodes, dtype in configs:
         plan = _build(world, family, nodes, dtype)
         out[family, nodes, dtype] = {"digest": _digest(plan), **_local_errors(plan, rank, getattr(torch, dtype))}
+    # grouped static baselines (each device's chunks of every sequence one token block, dcp.pieces): the
+    # executor runs their expansion over pieces
+    from dcp.baselines import TEA2AP2PPlanner, ZigzagPlanner
+    from dcp.cluster import Cluster
+
+    nodes = 2 if world % 2 == 0 else 1
+    for planner in (ZigzagPlanner(shards=True), TEA2AP2PPlanner(shards=True)):
+        plan = planner.plan(_build(world, "mixed", nodes).spec, Cluster(nodes, world // nodes))
+        assert plan.layout.grouped
+        out["mixed", nodes, "float64", planner.name] = {"digest": _digest(plan),
+                                                       **_local_errors(plan, rank, torch.float64)}
     # the fused varlen tile path (its CPU emulation) under the distributed executor
     plan = _build(world, "mixed", 1, "float32")
     out["mixed", 1, "float32", "varlen"] = {"digest": _digest(plan),

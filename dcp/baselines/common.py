@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.blocks import BlockLayout, TileSet, make_layout
+from dcp.errors import InvalidConfigError
 from dcp.schedule import Routes
 from dcp.spec import BatchSpec
 
@@ -70,6 +71,50 @@ class BlockBuilder:
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(home, ring_base, ring_size) per token block."""
         return tuple(np.concatenate(a) for a in (self.home, self.ring_base, self.ring_size))
+
+    def estimated_tiles(self, n_head_blocks: int) -> int:
+        """Tiles of the per-sequence layout if every block saw itself and every earlier block of its
+        sequence (a causal mask; the static baselines' cut): decides ``shards="auto"``."""
+        nb = np.array([b.size - 1 for b in self.bounds], dtype=np.int64)
+        return int((nb * (nb + 1) // 2).sum()) * n_head_blocks
+
+    def grouped(self, head_block_size: int | None):
+        """(layout, home, ring_base, ring_size) with each device's blocks of every sequence grouped into
+        one token block (``dcp.pieces``): its shard, as ring attention holds and sends it."""
+        from dcp.pieces import group_layout
+
+        pieces = self.layout(head_block_size)
+        home, base, size = self.arrays()
+        used, piece_block = np.unique(home, return_inverse=True)
+        first = np.searchsorted(np.sort(piece_block), np.arange(used.size))
+        first = np.argsort(piece_block, kind="stable")[first]
+        if (base != base[first][piece_block]).any() or (size != size[first][piece_block]).any():
+            raise ValueError("the blocks homed on one device must share one ring to be grouped")
+        return group_layout(pieces, piece_block), used, base[first], size[first]
+
+
+#: ``shards=None`` (auto) groups a static baseline's blocks per device above this many estimated tiles
+SHARD_TILES = 4_000_000
+
+
+def check_shards(shards) -> None:
+    if shards is not None and not isinstance(shards, bool):
+        raise InvalidConfigError(f"shards must be True, False or None (automatic), got {shards!r}")
+
+
+def use_shards(shards: bool | None, builder: BlockBuilder, n_head_blocks: int) -> bool:
+    """Group per device (``shards=True``), keep per-sequence blocks (False), or decide by size (None:
+    group when the per-sequence layout would have more than ``SHARD_TILES`` tiles)."""
+    return builder.estimated_tiles(n_head_blocks) > SHARD_TILES if shards is None else shards
+
+
+def shard_note(planner: str, layout: BlockLayout) -> tuple[str, ...]:
+    """The plan note of a grouped static baseline (empty for per-sequence blocks)."""
+    if not layout.grouped:
+        return ()
+    return (f"{planner}: each device's chunks of every sequence form one token block ({layout.n_token_blocks} "
+            f"blocks of {layout.pieces.n_token_blocks} pieces), as ring attention sends and computes them; "
+            f"tiles are charged per sequence at their mean extents",)
 
 
 def relay_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
@@ -295,13 +340,18 @@ def ring_of_blocks(layout: BlockLayout, home: np.ndarray, ring_base: np.ndarray,
     return base, np.ones_like(base), size, np.repeat(home, nhb) - base
 
 
-def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | None = None):
-    """Layout, tiles, home, tile device (the q block's home), stages and routes of a ring-style plan."""
-    from dcp.blocks import enumerate_tiles
+def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | None = None,
+              shards: bool | None = False):
+    """Layout, tiles, home, tile device (the q block's home), stages and routes of a ring-style plan
+    (``shards``: group each device's blocks, ``use_shards``)."""
+    from dcp.blocks import enumerate_tiles, head_blocking
 
-    layout = builder.layout(head_block_size)
+    if use_shards(shards, builder, head_blocking(spec, head_block_size)[1]):
+        layout, home, ring_base, ring_size = builder.grouped(head_block_size)
+    else:
+        layout = builder.layout(head_block_size)
+        home, ring_base, ring_size = builder.arrays()
     tiles = enumerate_tiles(spec, layout)
-    home, ring_base, ring_size = builder.arrays()
     tile_device = home[tiles.q_tb]
     ring = ring_of_blocks(layout, home, ring_base, ring_size)
     tile_stage, routes = relay_schedule(layout, tiles, home, tile_device, *ring)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dcp.baselines.common import check_shards, shard_note
 from dcp.baselines.te_a2a_p2p import a2a_head_block_size, hierarchical_parts
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
@@ -36,15 +37,18 @@ class LoongTrainPlanner(Planner):
 
     ``head_parallel``: devices per all-to-all group (None: the largest divisor of gpus_per_node that is
     at most half of it and that the heads allow, so a node holds several context ranks and the double
-    ring is exercised); ``inner_ring``: context ranks per inner ring (None: the ranks of one node)."""
+    ring is exercised); ``inner_ring``: context ranks per inner ring (None: the ranks of one node);
+    ``shards``: as ``RingPlanner``'s."""
 
     head_parallel: int | None = None
     inner_ring: int | None = None
+    shards: bool | None = None
     name = "loongtrain"
 
     def __post_init__(self):
         _check_opt_int(self.head_parallel, "head_parallel")
         _check_opt_int(self.inner_ring, "inner_ring")
+        check_shards(self.shards)
 
     def degrees(self, spec: BatchSpec, cluster: Cluster) -> tuple[int, int]:
         """(head-parallel degree, inner ring size) for this batch and cluster."""
@@ -69,8 +73,8 @@ class LoongTrainPlanner(Planner):
         started = time.perf_counter()
         check_inputs(spec, cluster)
         hp, inner = self.degrees(spec, cluster)
-        parts = hierarchical_parts(spec, cluster.n_devices, hp, inner)
+        parts = hierarchical_parts(spec, cluster.n_devices, hp, inner, self.shards)
         cp = cluster.n_devices // hp
         notes = (f"loongtrain: head parallel {hp}, context parallel {cp} (inner rings of {inner}, "
-                 f"outer ring of {cp // inner})",)
+                 f"outer ring of {cp // inner})", *shard_note(self.name, parts[0]))
         return assemble(spec, cluster, *parts, self.name, started, notes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dcp.baselines.common import BlockBuilder, near_equal_chunks, plan_ring
+from dcp.baselines.common import BlockBuilder, check_shards, near_equal_chunks, plan_ring, shard_note
 from dcp.cluster import Cluster
 from dcp.plan import Plan
 from dcp.planner import Planner, assemble, check_inputs
@@ -22,9 +22,17 @@ from dcp.spec import BatchSpec
 
 @dataclass(frozen=True)
 class RingPlanner(Planner):
-    """Ring attention: P contiguous chunks per sequence, KV relayed around one ring of all devices."""
+    """Ring attention: P contiguous chunks per sequence, KV relayed around one ring of all devices.
 
+    ``shards``: group each device's chunks of every sequence into one token block (``dcp.pieces``; the
+    plan a real ring runs, with P^2 tiles instead of P^2 per sequence); None: when the per-sequence plan
+    would exceed ``dcp.baselines.common.SHARD_TILES`` tiles."""
+
+    shards: bool | None = None
     name = "ring"
+
+    def __post_init__(self):
+        check_shards(self.shards)
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
@@ -34,7 +42,8 @@ class RingPlanner(Planner):
         for n in spec.seqlens:
             starts, chunk = near_equal_chunks(n, p)
             builder.add(starts, chunk, ring_base=0, ring_size=p)
-        parts = plan_ring(spec, builder)
+        parts = plan_ring(spec, builder, shards=self.shards)
         notes = ("ring: sequences shorter than the device count leave some devices without a chunk",) \
             if min(spec.seqlens) < p else ()
+        notes += shard_note(self.name, parts[0])
         return assemble(spec, cluster, *parts, self.name, started, notes)

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.baselines.common import BlockBuilder, near_equal_chunks, relay_schedule, zigzag_device
+from dcp.baselines.common import (BlockBuilder, check_shards, near_equal_chunks, relay_schedule, shard_note,
+                                  use_shards, zigzag_device)
 from dcp.baselines.zigzag import zigzag_parts
 from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
@@ -41,14 +42,15 @@ def a2a_head_block_size(spec: BatchSpec, gpus: int) -> int | None:
     return spec.num_heads // gpus
 
 
-def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int):
+def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int, shards: bool | None = False):
     """(layout, tiles, home, tile_device, tile_stage, routes) of head x context parallelism.
 
     ``hp`` devices in a row form a head-parallel (all-to-all) group; the ``cp = n_devices / hp`` groups
     are the context ranks, ranked in device order. Sequences are zigzag-split over the cp ranks and each
     rank's chunk is split evenly over its hp devices. Tiles of head block h whose q block lives on rank r
     run on device r*hp + h mod hp. KV units relay over the ranks sharing their hp index, as a double ring
-    with inner rings of ``inner`` consecutive ranks (``inner=1``: one plain ring over the ranks)."""
+    with inner rings of ``inner`` consecutive ranks (``inner=1``: one plain ring over the ranks).
+    ``shards``: group each device's blocks (``dcp.baselines.common.use_shards``)."""
     cp = n_devices // hp
     builder = BlockBuilder(spec)
     for n in spec.seqlens:
@@ -61,9 +63,12 @@ def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int):
             sub_starts.append(s + ss)
             homes.append(r * hp + sub)
         builder.add(np.concatenate(sub_starts), np.concatenate(homes))
-    layout = builder.layout(None if hp == 1 else spec.num_heads // hp)
+    hbs = None if hp == 1 else spec.num_heads // hp
+    if use_shards(shards, builder, head_blocking(spec, hbs)[1]):
+        layout, home = builder.grouped(hbs)[:2]
+    else:
+        layout, home = builder.layout(hbs), builder.arrays()[0]
     tiles = enumerate_tiles(spec, layout)
-    home = builder.arrays()[0]
     nhb = layout.n_head_blocks
     rank_of = home // hp
     tile_device = rank_of[tiles.q_tb] * hp + tiles.hb.astype(np.int64) % hp
@@ -76,9 +81,14 @@ def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int):
 
 @dataclass(frozen=True)
 class TEA2AP2PPlanner(Planner):
-    """Hierarchical CP: Ulysses all-to-all inside nodes, zigzag p2p ring across nodes."""
+    """Hierarchical CP: Ulysses all-to-all inside nodes, zigzag p2p ring across nodes. ``shards``: as
+    ``RingPlanner``'s."""
 
+    shards: bool | None = None
     name = "te_a2a_p2p"
+
+    def __post_init__(self):
+        check_shards(self.shards)
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
@@ -87,6 +97,7 @@ class TEA2AP2PPlanner(Planner):
         if g > 1 and a2a_head_block_size(spec, g) is None:
             note = (f"te_a2a_p2p: {spec.num_heads} query heads ({spec.num_kv_heads} KV heads) cannot be split "
                     f"over {g} GPUs for the all-to-all; fell back to a p2p zigzag ring over all devices")
-            return assemble(spec, cluster, *zigzag_parts(spec, cluster.n_devices), self.name, started, (note,))
-        parts = hierarchical_parts(spec, cluster.n_devices, g, 1)
-        return assemble(spec, cluster, *parts, self.name, started)
+            parts = zigzag_parts(spec, cluster.n_devices, self.shards)
+            return assemble(spec, cluster, *parts, self.name, started, (note, *shard_note(self.name, parts[0])))
+        parts = hierarchical_parts(spec, cluster.n_devices, g, 1, self.shards)
+        return assemble(spec, cluster, *parts, self.name, started, shard_note(self.name, parts[0]))

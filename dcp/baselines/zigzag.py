@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dcp.baselines.common import BlockBuilder, near_equal_chunks, plan_ring, zigzag_device
+from dcp.baselines.common import BlockBuilder, check_shards, near_equal_chunks, plan_ring, shard_note, zigzag_device
 from dcp.cluster import Cluster
 from dcp.plan import Plan
 from dcp.planner import Planner, assemble, check_inputs
@@ -23,25 +23,32 @@ def add_zigzag(builder: BlockBuilder, seqlen: int, base: int, size: int) -> None
     builder.add(starts, base + zigzag_device(chunk, size), ring_base=base, ring_size=size)
 
 
-def zigzag_parts(spec: BatchSpec, n_devices: int):
-    """(layout, tiles, home, tile_device, tile_stage, routes) of zigzag ring attention over all devices."""
+def zigzag_parts(spec: BatchSpec, n_devices: int, shards: bool | None = False):
+    """(layout, tiles, home, tile_device, tile_stage, routes) of zigzag ring attention over all devices
+    (``shards``: ``dcp.baselines.common.use_shards``)."""
     builder = BlockBuilder(spec)
     for n in spec.seqlens:
         add_zigzag(builder, n, 0, n_devices)
-    return plan_ring(spec, builder)
+    return plan_ring(spec, builder, shards=shards)
 
 
 @dataclass(frozen=True)
 class ZigzagPlanner(Planner):
-    """Zigzag ring attention over all devices: 2P chunks per sequence, device d homes d and 2P-1-d."""
+    """Zigzag ring attention over all devices: 2P chunks per sequence, device d homes d and 2P-1-d.
+    ``shards``: as ``RingPlanner``'s."""
 
+    shards: bool | None = None
     name = "zigzag"
+
+    def __post_init__(self):
+        check_shards(self.shards)
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
         p = cluster.n_devices
-        parts = zigzag_parts(spec, p)
+        parts = zigzag_parts(spec, p, self.shards)
         notes = ("zigzag: sequences shorter than 2x the device count leave some chunks empty",) \
             if min(spec.seqlens) < 2 * p else ()
+        notes += shard_note(self.name, parts[0])
         return assemble(spec, cluster, *parts, self.name, started, notes)

@@ -99,7 +99,9 @@ class CostModel:
         """int64 key per tile of the group whose merged extents set its efficiency in a fused call
         (``efficiency_group``): (sequence, head block) or (q token block, head block)."""
         mode = self.profile.efficiency_group
-        if mode == "sequence":
+        if layout.grouped:  # a grouped tile is charged by its own per-sequence extents (``shapes``)
+            owner = tiles.q_tb
+        elif mode == "sequence":
             owner = layout.tb_seq[tiles.q_tb]
         elif mode == "q_block":
             owner = tiles.q_tb
@@ -153,10 +155,35 @@ class CostModel:
         bw = np.where(inter_node, p.nic_gbps_per_node / max(gpus_per_node, 1), p.nvlink_gbps) * 1e9
         return p.link_latency_us * 1e-6 + np.asarray(nbytes, float) / bw
 
-    def _tile_busy_s(self, flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked) -> np.ndarray:
+    @staticmethod
+    def tile_shapes(tiles, idx=None):
+        """Grouped tiles' moments ``(unmasked, sub_wq, sub_wk, sub_wqk)`` (``dcp.pieces``; at ``idx``), or
+        None for ordinary tiles: the ``shapes`` argument of ``fused_call_s`` / ``fused_calls_s``."""
+        if tiles.sub_n is None:
+            return None
+        sel = slice(None) if idx is None else idx
+        return tiles.unmasked[sel], tiles.sub_wq[sel], tiles.sub_wk[sel], tiles.sub_wqk[sel]
+
+    def inverse_efficiency(self, shapes, full) -> np.ndarray:
+        """1 / efficiency of grouped tiles: their per-sequence sub-tiles' time over their pairs' ideal
+        time, sum p_s (1 + h_q/q_s)(1 + h_k/k_s) / sum p_s from the moments (``dcp.pieces``); partial
+        tiles (any sub-tile masked) at ``partial_tile_efficiency``."""
+        p = self.profile
+        pairs, wq, wk, wqk = (np.asarray(a, float) for a in shapes)
+        inv = (pairs + p.half_rows * wq + p.half_cols * wk + p.half_rows * p.half_cols * wqk) / np.maximum(pairs, 1.0)
+        return inv / np.where(np.asarray(full), 1.0, p.partial_tile_efficiency)
+
+    def _tile_busy_s(self, flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked,
+                     shapes=None) -> np.ndarray:
         """Seconds of each tile inside a fused call, at its group's extents (``partial_waste_keys`` with
-        ``unmasked``, the tiles' attended pairs: partial tiles charged their pairs plus the waste)."""
+        ``unmasked``, the tiles' attended pairs: partial tiles charged their pairs plus the waste).
+
+        ``shapes`` (grouped tiles, ``tile_shapes``): a tile runs as one sub-tile per sequence, each at its
+        own extents (``inverse_efficiency``) -- how a varlen call runs a shard; the CPU kernel's waste
+        model does not apply to them."""
         full = np.asarray(full)
+        if shapes is not None:
+            return flops * self.inverse_efficiency(shapes, full) / rate
         waste = self.profile.partial_waste_keys
         if waste is None or unmasked is None:
             return flops / (rate * self._efficiency(q_ext, kv_ext, full))
@@ -167,7 +194,7 @@ class CostModel:
         return flops / unmasked * pairs / (rate * self._efficiency(q_ext, kv_ext, True))
 
     def fused_call_s(self, flops, full, q_tb, kv_tb, group, tb_len, backward: bool = False,
-                     unmasked=None) -> float:
+                     unmasked=None, shapes=None) -> float:
         """One kernel call over a set of tiles (how executors run a ``Compute`` instruction: a single
         varlen launch). The launch overhead is paid once; each (sequence, head block) group of tiles
         runs at the efficiency of its merged extents -- the q rows and kv columns it covers -- so a plan
@@ -175,7 +202,8 @@ class CostModel:
 
         Args: per-tile arrays ``flops``, ``full``, ``q_tb``, ``kv_tb``, ``group`` (any int key per
         (sequence, head block)); ``tb_len``: tokens per token block; ``unmasked``: per-tile attended
-        pairs (only the ``partial_waste_keys`` model reads them).
+        pairs (only the ``partial_waste_keys`` model reads them); ``shapes``: grouped tiles' extents
+        (``tile_shapes``), which replace the merged extents.
         """
         p = self.profile
         flops = np.asarray(flops, float)
@@ -189,11 +217,11 @@ class CostModel:
             extents.append(np.bincount(key[:, 0], weights=tb_len[key[:, 1]], minlength=gid.size))
         q_ext, kv_ext = extents[0][g_inv], extents[1][g_inv]
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
-        busy = self._tile_busy_s(flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked)
+        busy = self._tile_busy_s(flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked, shapes)
         return float(p.kernel_overhead_us * 1e-6 + busy.sum())
 
     def fused_calls_s(self, flops, full, q_tb, kv_tb, group, tb_len, cell, n_cells: int,
-                      backward: bool = False, unmasked=None) -> np.ndarray:
+                      backward: bool = False, unmasked=None, shapes=None) -> np.ndarray:
         """``fused_call_s`` of many calls at once: tile ``t`` belongs to call ``cell[t]`` (0..n_cells-1);
         returns float ``[n_cells]`` (0 for a call without tiles)."""
         p = self.profile
@@ -205,12 +233,13 @@ class CostModel:
         gkey = cell * (int(group.max()) + 1) + group
         ug, g_inv = np.unique(gkey, return_inverse=True)
         n_tb = tb_len.size
-        ext = []
-        for blocks in (q_tb, kv_tb):
+        ext = [None, None]
+        for i, blocks in enumerate((q_tb, kv_tb) if shapes is None else ()):
             pair = setops.unique(g_inv.astype(np.int64) * n_tb + np.asarray(blocks, np.int64))
-            ext.append(np.bincount(pair // n_tb, weights=tb_len[pair % n_tb], minlength=ug.size)[g_inv])
+            ext[i] = np.bincount(pair // n_tb, weights=tb_len[pair % n_tb], minlength=ug.size)[g_inv]
         rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
-        t = self._tile_busy_s(np.asarray(flops, float), full, ext[0], ext[1], rate, q_tb, kv_tb, tb_len, unmasked)
+        t = self._tile_busy_s(np.asarray(flops, float), full, ext[0], ext[1], rate, q_tb, kv_tb, tb_len, unmasked,
+                              shapes)
         busy = np.bincount(cell, weights=t, minlength=n_cells)
         used = np.bincount(cell, minlength=n_cells) > 0
         return busy + used * p.kernel_overhead_us * 1e-6

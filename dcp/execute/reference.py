@@ -148,7 +148,7 @@ class ReferenceExecutor:
         blocks: dict = {}
         for f in finish:
             f(blocks)
-        order = np.argsort(plan.layout.tb_start, kind="stable")
+        order = np.argsort(plan_tables(plan).plan.layout.tb_start, kind="stable")  # grouped: pieces
         r0 = runners[0]
         out = []
         for i, dim in enumerate(dims):

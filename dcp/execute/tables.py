@@ -186,7 +186,12 @@ def plan_tables(plan: Plan) -> PlanTables:
     """The cached derived tables of ``plan`` (built on first use)."""
     tab = _TABLES.get(plan)
     if tab is None:
-        tab = PlanTables(plan)
+        if plan.layout.grouped:  # executors run a grouped plan as the equivalent plan over its pieces
+            from dcp.expand import expand_pieces
+
+            tab = PlanTables(expand_pieces(plan))
+        else:
+            tab = PlanTables(plan)
         _TABLES[plan] = tab
     return tab
 

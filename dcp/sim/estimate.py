@@ -37,7 +37,7 @@ def stage_compute_s(layout: BlockLayout, tiles: TileSet, tile_device: np.ndarray
     flops = tiles.bwd_flops if direction == "backward" else tiles.fwd_flops
     return cost.fused_calls_s(flops, tiles.full, tiles.q_tb, tiles.kv_tb, group, layout.tb_len, cell,
                               n_devices * n_stages, backward=direction == "backward",
-                              unmasked=tiles.unmasked).reshape(n_devices, n_stages)
+                              unmasked=tiles.unmasked, shapes=cost.tile_shapes(tiles)).reshape(n_devices, n_stages)
 
 
 def estimate_makespan_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet,

@@ -151,7 +151,8 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                     idx = np.fromiter(ins.tiles, dtype=np.int64, count=len(ins.tiles))
                     dur = compute_cache[id(ins)] = cost.fused_call_s(
                         t_flops[idx], tiles.full[idx], tiles.q_tb[idx], tiles.kv_tb[idx], t_group[idx],
-                        plan.layout.tb_len, backward=direction == "backward", unmasked=tiles.unmasked[idx])
+                        plan.layout.tb_len, backward=direction == "backward", unmasked=tiles.unmasked[idx],
+                        shapes=cost.tile_shapes(tiles, idx))
                 if dur > 0:
                     compute_s[d] += dur
                     if record_events:

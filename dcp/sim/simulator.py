@@ -138,6 +138,12 @@ def tile_times(plan: Plan, cost: CostModel, direction: str) -> np.ndarray:
     """Modelled seconds of every tile of the plan in ``direction``."""
     tiles, lay = plan.tiles, plan.layout
     q_len, kv_len = lay.tb_len[tiles.q_tb], lay.tb_len[tiles.kv_tb]
+    if tiles.sub_n is not None:  # grouped tiles: their per-sequence sub-tiles (``CostModel.inverse_efficiency``)
+        p = cost.profile
+        inv = cost.inverse_efficiency(cost.tile_shapes(tiles), tiles.full)
+        rate = p.attn_fwd_tflops if direction == "forward" else p.attn_bwd_tflops
+        flops = tiles.fwd_flops if direction == "forward" else tiles.bwd_flops
+        return p.kernel_overhead_us * 1e-6 + flops * inv / (rate * 1e12)
     if direction == "forward":
         return np.asarray(cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full), dtype=float)
     return np.asarray(cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full), dtype=float)
