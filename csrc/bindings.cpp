@@ -2,11 +2,13 @@
 // clear message per condition; the kernels below only see the plain structs of attention_cpu.h.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "attention_cpu.h"
+#include "pieces.h"
 #include "rounds.h"
 
 namespace {
@@ -329,6 +331,73 @@ std::tuple<Tensor, Tensor> input_rounds(const Tensor& order, const Tensor& dev, 
   return {arrival, source};
 }
 
+// A copy of `v` as a 1-D int64 tensor.
+Tensor to_tensor(const std::vector<int64_t>& v) {
+  Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kLong));
+  std::copy(v.begin(), v.end(), t.data_ptr<int64_t>());
+  return t;
+}
+
+// A copy of `v` as a 1-D float64 tensor.
+Tensor to_tensor(const std::vector<double>& v) {
+  Tensor t = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kDouble));
+  std::copy(v.begin(), v.end(), t.data_ptr<double>());
+  return t;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> grouped_pair_counts(
+    const Tensor& seq_piece_ptr, const Tensor& piece_start, const Tensor& piece_len, const Tensor& piece_block,
+    int64_t n_blocks, const Tensor& ranges, const Tensor& range_ptr, const Tensor& seq_r) {
+  const char* fn = "dcp._C.grouped_pair_counts";
+  const int64_t n_seqs = seq_r.numel(), n_pieces = piece_len.numel();
+  check_vec(seq_piece_ptr, fn, "seq_piece_ptr", n_seqs + 1, at::kLong);
+  check_vec(piece_start, fn, "piece_start", n_pieces, at::kLong);
+  check_vec(piece_len, fn, "piece_len", n_pieces, at::kLong);
+  check_vec(piece_block, fn, "piece_block", n_pieces, at::kLong);
+  check_vec(range_ptr, fn, "range_ptr", n_seqs + 1, at::kLong);
+  check_vec(seq_r, fn, "seq_r", n_seqs, at::kLong);
+  check_cpu(ranges, fn, "ranges");
+  TORCH_CHECK(ranges.scalar_type() == at::kInt, fn, ": ranges must have dtype int32, got ", ranges.scalar_type());
+  TORCH_CHECK(ranges.dim() == 2 && ranges.size(1) == 2, fn, ": ranges must have shape [rows, 2], got ",
+              ranges.sizes());
+  TORCH_CHECK(ranges.is_contiguous(), fn, ": ranges must be contiguous");
+  TORCH_CHECK(n_blocks >= 0, fn, ": n_blocks must be >= 0, got ", n_blocks);
+  const auto non_decreasing = [](const Tensor& t) {
+    return t.numel() < 2 || (t.slice(0, 1) >= t.slice(0, 0, t.numel() - 1)).all().item<bool>();
+  };
+  const int64_t* sp = seq_piece_ptr.data_ptr<int64_t>();
+  const int64_t* rp = range_ptr.data_ptr<int64_t>();
+  TORCH_CHECK(sp[0] >= 0 && sp[n_seqs] <= n_pieces && non_decreasing(seq_piece_ptr), fn,
+              ": seq_piece_ptr must be non-decreasing within [0, ", n_pieces, "]");
+  TORCH_CHECK(rp[0] >= 0 && rp[n_seqs] <= ranges.size(0) && non_decreasing(range_ptr), fn,
+              ": range_ptr must be non-decreasing within [0, ", ranges.size(0), "]");
+  if (n_pieces) {
+    TORCH_CHECK(piece_block.min().item<int64_t>() >= 0 && piece_block.max().item<int64_t>() < n_blocks, fn,
+                ": piece_block must name blocks 0..", n_blocks - 1);
+  }
+  dcp::GroupedCountsParams p;
+  p.n_seqs = n_seqs;
+  p.n_pieces = n_pieces;
+  p.n_blocks = n_blocks;
+  p.seq_piece_ptr = sp;
+  p.piece_start = piece_start.data_ptr<int64_t>();
+  p.piece_len = piece_len.data_ptr<int64_t>();
+  p.piece_block = piece_block.data_ptr<int64_t>();
+  p.ranges = ranges.data_ptr<int32_t>();
+  p.range_ptr = rp;
+  p.seq_r = seq_r.data_ptr<int64_t>();
+  dcp::GroupedCountsResult r;
+  std::string err;
+  bool ok;
+  {
+    pybind11::gil_scoped_release no_gil;
+    ok = dcp::grouped_pair_counts(p, r, err);
+  }
+  TORCH_CHECK(ok, fn, ": ", err);
+  return {to_tensor(r.q_block), to_tensor(r.kv_block), to_tensor(r.unmasked), to_tensor(r.area),
+          to_tensor(r.sub_n), to_tensor(r.sub_wq), to_tensor(r.sub_wk), to_tensor(r.sub_wqk)};
+}
+
 void set_cpu_isa(const std::string& name) {
   TORCH_CHECK(dcp::set_cpu_isa(name), "dcp._C.set_cpu_isa: ISA '", name, "' is not available here (available: ",
               dcp::available_cpu_isas(), ")");
@@ -338,7 +407,7 @@ void set_cpu_isa(const std::string& name) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dcp native CPU kernels: block-table attention forward/backward, log-sum-exp merges, and the "
-            "planner's input-round greedy";
+            "planner's input-round greedy and grouped-layout pair counts";
   m.def("attention_forward", &attention_forward, "(q, k, v, seg_cu, seg_tile_ptr, tile_k_start, tile_k_len, "
         "tile_mask_row, mask_ranges, scale) -> (o_thd, lse_ht)");
   m.def("attention_backward", &attention_backward, "(do, q, k, v, lse, delta, <6 tile arrays>, scale, "
@@ -347,6 +416,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("merge_into", &merge_into, "(o_acc, lse_acc, o_new, lse_new): in-place two-way merge into o_acc/lse_acc");
   m.def("input_rounds", &input_rounds, "(order, dev, key, home, nbytes, budget_first, budget, gpus_per_node, "
         "n_nodes, max_rounds, relay, port, nic) -> (arrival, source): the planner's input-round greedy");
+  m.def("grouped_pair_counts", &grouped_pair_counts, "(seq_piece_ptr, piece_start, piece_len, piece_block, "
+        "n_blocks, ranges, range_ptr, seq_r) -> (q_block, kv_block, unmasked, area, sub_n, sub_wq, "
+        "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.pieces)");
   m.def("cpu_isa", []() { return std::string(dcp::cpu_isa()); }, "ISA variant of the kernels in use");
   m.def("set_cpu_isa", &set_cpu_isa, "select 'generic', 'avx2' or 'auto'");
   m.def("available_cpu_isas", []() { return dcp::available_cpu_isas(); });
