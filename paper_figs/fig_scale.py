@@ -3,10 +3,11 @@ cost grow with the plan.
 
 - ``scale_cost_vs_tiles.png``: plan+validate seconds (left) and simulated forward+backward seconds
   (right) against the plan's tile count, log-log, one point per case that finished, colored by planner,
-  marker by device count; the dotted slope-1 line (cost proportional to tiles) sits at the median cost
+  marker by device count (hollow: a grouped static baseline); the dotted slope-1 line (cost proportional to tiles) sits at the median cost
   per tile of the plans with >= 100K tiles.
 - ``scale_cost_vs_devices.png``: the same two costs against the device count at 1,048,576 tokens;
-  cases that ran out of time or memory are marked at the top of the panel with an x.
+  cases that ran out of time or memory are marked at the top of the panel with an x; grouped static
+  baselines (``dcp.pieces``) dashed.
 
     python paper_figs/fig_scale.py [--results-dir benchmarks/results] [--out-dir paper_figs]
 """
@@ -43,8 +44,9 @@ def draw(results: Path, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, (key, label) in zip(axes, COSTS):
         for r in ok:
-            ax.scatter(num(r["n_tiles"]), num(r[key]), s=18, color=COLORS.get(r["planner"], "k"),
-                       marker=MARKERS.get(int(r["devices"]), "x"))
+            c = COLORS.get(r["planner"], "k")
+            hollow = {"facecolors": "none", "edgecolors": c} if r.get("grouped") == "True" else {"color": c}
+            ax.scatter(num(r["n_tiles"]), num(r[key]), s=18, marker=MARKERS.get(int(r["devices"]), "x"), **hollow)
         xs = [num(r["n_tiles"]) for r in ok]
         lo, hi = min(xs), max(xs)
         # slope-1 line at the median cost per tile of the big plans (small ones are fixed-cost bound)
@@ -68,11 +70,14 @@ def draw(results: Path, out_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, (key, label) in zip(axes, COSTS):
         top = max([num(r[key]) for r in big if r["status"] == "ok"] + [1.0]) * 2
-        for p in PLANNERS:
-            sel = sorted((r for r in big if r["planner"] == p), key=lambda r: int(r["devices"]))
+        for p, grouped in ((p, g) for p in PLANNERS for g in (False, True)):
+            # grouped static baselines (each device's chunks of every sequence one block): dashed
+            sel = sorted((r for r in big if r["planner"] == p and (r.get("grouped") == "True") == grouped),
+                         key=lambda r: int(r["devices"]))
             pts = [(int(r["devices"]), num(r[key])) for r in sel if r["status"] == "ok"]
             if pts:
-                ax.plot(*zip(*pts), "-o", ms=3, color=COLORS[p], label=p)
+                ax.plot(*zip(*pts), "--s" if grouped else "-o", ms=3, color=COLORS[p],
+                        label=f"{p} (grouped)" if grouped else p)
             failed = [int(r["devices"]) for r in sel if r["status"] != "ok"]
             if failed:
                 ax.scatter(failed, [top] * len(failed), marker="x", color=COLORS[p])

@@ -32,6 +32,9 @@ _TIE = 1e-9     # shares within this relative distance are one level
 def _max_min_small(rows: list[tuple[int, ...]], cap: list[float]) -> list[float]:
     """Max-min fair rates of flows crossing ``rows[i]`` (resources; a repeated one counts per occurrence),
     progressive filling one level at a time. ``inf``: a flow through unlimited resources only."""
+    if len(rows) == 1:  # alone in its component (most flows of a ring): its tightest resource's share
+        rs = rows[0]
+        return [min((cap[r] / rs.count(r) for r in rs), default=math.inf)]
     rate = [math.inf] * len(rows)
     left: dict[int, float] = {}
     users: dict[int, list[int]] = {}

@@ -226,7 +226,8 @@ def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesc
         comm += np.bincount(flows["dst"], weights=flows["bytes"], minlength=n_dev).astype(np.int64)
     end = np.asarray(streams.clock, dtype=float)
     makespan = float(max(end.max(initial=0.0), max(streams.f_end, default=0.0)))
-    return SimResult(makespan, end, streams.compute_s, streams.reduce_s, streams.wait_s, comm,
+    return SimResult(makespan, end, *(np.asarray(a, dtype=float) for a in (streams.compute_s, streams.reduce_s,
+                                                                              streams.wait_s)), comm,
                      ideal_time_s(plan, cost, direction), cost.profile.name, direction, plan.planner,
                      int(prog.transfers.shape[0]), int(flows["src"].size), tuple(streams.events),
                      time.perf_counter() - started)
