@@ -156,11 +156,16 @@ def enumerate_grouped_tiles(spec: BatchSpec, layout):
 
     c = grouped_pair_counts(spec, layout.pieces, layout.piece_block)
     nhb = layout.n_head_blocks
-    # pairs are sorted by (q, kv); expand over head blocks and regroup to (q, hb, kv)
-    pair = np.repeat(np.arange(c.q_block.size), nhb)
-    hb = np.tile(np.arange(nhb, dtype=np.int32), c.q_block.size)
-    order = np.lexsort((c.kv_block[pair], hb, c.q_block[pair]))
-    pair, hb = pair[order], hb[order]
+    # pairs are sorted by (q, kv): the q block's m pairs from s on become, in (q, hb, kv) order, its tiles
+    # nhb*s + hb*m + j (pair s + j, head block hb) -- built directly, no sort
+    n_pairs = c.q_block.size
+    first = np.flatnonzero(np.r_[True, c.q_block[1:] != c.q_block[:-1]]) if n_pairs else np.zeros(0, np.int64)
+    size = np.diff(np.r_[first, n_pairs])
+    out = np.arange(n_pairs * nhb, dtype=np.int64)
+    grp = np.repeat(np.arange(first.size), size * nhb)
+    rel = out - nhb * first[grp]
+    hb = (rel // size[grp]).astype(np.int32)
+    pair = first[grp] + rel % size[grp]
     um = c.unmasked[pair]
     fwd = 4.0 * um * spec.head_dim * layout.head_block_size
     return TileSet(c.q_block[pair], c.kv_block[pair], hb, um, um == c.area[pair], fwd, 2.5 * fwd,

@@ -15,6 +15,10 @@ components. Small components are filled in plain Python (``_max_min_small``), la
 Each flow keeps its remaining bytes as of the last time its rate changed, so flows outside a changed
 component are not touched; finish times live in a heap with lazy deletion (an entry is stale when the
 flow's rate changed since it was pushed).
+
+A flow that starts on resources no active flow uses is *solo*: alone in its component, it gets its
+tightest resource's share and stays out of the union-find (most flows of a ring at scale). A later flow
+touching one of its resources first moves it into the union-find, then joins as usual.
 """
 from __future__ import annotations
 
@@ -82,6 +86,9 @@ class ComponentNetwork:
         self.rate = [0.0] * n_flows
         self.version = [0] * n_flows
         self.heap: list[tuple[float, int, int]] = []  # (finish time, version, flow)
+        self.load = [0] * n_res                   # active flows on each resource
+        self.solo_on = [-1] * n_res               # the solo flow holding a resource (-1: none)
+        self.solo = [False] * n_flows
         self.n_active = 0
         self.ended_since_rebuild = 0
         self.active_at_rebuild = 0
@@ -127,14 +134,48 @@ class ComponentNetwork:
         """Start ``flows`` at time ``t`` (not before ``now``)."""
         self.now = max(self.now, t)
         roots = set()
+        load, solo_on, cap = self.load, self.solo_on, self.cap
         for f, rs, b in zip(flows, resources, nbytes):
-            self.res[f] = tuple(rs)
+            rs = self.res[f] = tuple(rs)
             self.rem[f], self.t_ref[f], self.rate[f] = float(b), t, 0.0
-            root = self._join(f)
-            self.members.setdefault(root, set()).add(f)
-            roots.add(root)
+            distinct = set(rs)
+            if not any(load[r] for r in distinct):  # solo: nothing else on its resources
+                self.solo[f] = True
+                for r in distinct:
+                    load[r] += 1
+                    solo_on[r] = f
+                r_f = min((cap[r] / rs.count(r) for r in rs), default=math.inf)
+                self._set_rate(f, r_f, t)
+                continue
+            for r in distinct:
+                g = solo_on[r]
+                if g >= 0:  # a solo flow shares a resource now: it joins the union-find first
+                    self._unsolo(g)
+                    roots.add(self._add_member(g))
+                load[r] += 1
+            roots.add(self._add_member(f))
         self.n_active += len(flows)
-        self._refresh({self._find(r) for r in roots}, t)
+        if roots:
+            self._refresh({self._find(r) for r in roots}, t)
+
+    def _add_member(self, f: int) -> int:
+        root = self._join(f)
+        self.members.setdefault(root, set()).add(f)
+        return root
+
+    def _unsolo(self, f: int) -> None:
+        self.solo[f] = False
+        for r in set(self.res[f]):
+            self.solo_on[r] = -1
+
+    def _set_rate(self, f: int, r: float, t: float) -> None:
+        """Flow f runs at rate r from time t (its bytes left already as of t)."""
+        self.rate[f] = r
+        left = self.rem[f]
+        fin = t if left <= 0 or r == math.inf else (t + left / r if r > 0 else math.inf)
+        self.version[f] += 1
+        if fin != math.inf:
+            heapq.heappush(self.heap, (fin, self.version[f], f))
 
     def next_finish(self) -> float:
         """Finish time of the next flow at current rates (``inf`` when none)."""
@@ -158,12 +199,17 @@ class ComponentNetwork:
             if v != version[f]:
                 continue
             version[f] += 1  # no entry of f is live any more
+            for r in set(self.res[f]):
+                self.load[r] -= 1
+            done.append((f, t))
+            if self.solo[f]:  # alone in its component: nothing else to recompute
+                self._unsolo(f)
+                continue
             root = self._find(self.res[f][0])
             self.members[root].discard(f)
             roots.add(root)
-            done.append((f, t))
+            self.ended_since_rebuild += 1
         self.n_active -= len(done)
-        self.ended_since_rebuild += len(done)
         self._refresh(roots, t)
         if self.ended_since_rebuild > max(64, self.active_at_rebuild):
             self._rebuild()
@@ -191,11 +237,5 @@ class ComponentNetwork:
             for i, r in enumerate(rows):
                 arr[i, :len(r)] = r
             new = max_min_rates(arr, np.append(self.cap, math.inf)).tolist()
-        heap, version = self.heap, self.version
         for f, r in zip(flows, new):
-            rate[f] = r
-            left = rem[f]
-            fin = t if left <= 0 or r == math.inf else (t + left / r if r > 0 else math.inf)
-            version[f] += 1
-            if fin != math.inf:
-                heapq.heappush(heap, (fin, version[f], f))
+            self._set_rate(f, r, t)
