@@ -16,6 +16,7 @@ from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
 from dcp.pieces import group_layout, grouped_pair_counts, grouped_pair_counts_reference
 from dcp.sim import simulate
 from dcp.validate import validate
+from dcp.validate_reference import validate_reference
 
 GROUPED = ("ring", "zigzag", "te_a2a_p2p", "loongtrain")
 
@@ -101,6 +102,7 @@ def test_grouped_baseline_is_valid_and_expands_to_its_per_sequence_tiles(name):
     assert grouped.layout.n_token_blocks <= cluster.n_devices < fine.layout.n_token_blocks
     assert any("one token block" in n for n in grouped.notes)
     validate(grouped)
+    validate_reference(grouped)  # the instruction-level validator agrees
     exp = expand_pieces(grouped)
     validate(exp)
     # the same pieces, homes and tiles as the per-sequence plan; only the schedule may differ
