@@ -11,7 +11,6 @@ The tile kernel's own throughput against PyTorch's CPU attention is `benchmarks/
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path

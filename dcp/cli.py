@@ -187,7 +187,7 @@ def cmd_plan(args) -> int:
         row = stats.to_dict()
         row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=spec.masks[0].name,
                    block_size=args.block_size if name == "dcp" else None,
-                   warnings=[str(w.message) for w in caught] + list(stats.warnings))
+                   warnings=[str(w.message) for w in caught] + list(stats.warnings), notes=list(plan.notes))
         rows.append(row)
         if args.output and name == names[0]:
             with open(args.output, "wb") as f:
@@ -199,6 +199,8 @@ def cmd_plan(args) -> int:
               f"cluster {cluster.nodes} x {cluster.gpus_per_node}")
         print_table(rows)
         for r in rows:
+            for note in r["notes"]:
+                print(f"note ({r['planner']}): {note}")
             for w in r["warnings"]:
                 print(f"warning ({r['planner']}): {w}")
     return 0

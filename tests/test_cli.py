@@ -117,3 +117,16 @@ def test_demo_plans_prints_a_verdict_and_says_the_checked_batch_is_small():
 def test_demo_does_not_import_the_command_line():
     code = "import sys, dcp.demo; assert 'dcp.cli' not in sys.modules, 'dcp.demo imports dcp.cli'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plan_notes_are_printed(capsys, monkeypatch):
+    """A planner's notes (here: a static baseline grouped per device, dcp.pieces) reach the user."""
+    from dcp.baselines import common
+
+    monkeypatch.setattr(common, "SHARD_TILES", 10)
+    code, out, _ = _run(capsys, "plan", "--lengths", "300,100", "--planner", "ring", "--nodes", "1",
+                        "--gpus-per-node", "4")
+    assert code == 0 and "note (ring): ring: each device's chunks of every sequence form one token block" in out
+    code, out, _ = _run(capsys, "plan", "--lengths", "300,100", "--planner", "ring", "--nodes", "1",
+                        "--gpus-per-node", "4", "--json")
+    assert code == 0 and any("one token block" in n for n in json.loads(out)["notes"])

@@ -114,7 +114,7 @@ def shard_note(planner: str, layout: BlockLayout) -> tuple[str, ...]:
         return ()
     return (f"{planner}: each device's chunks of every sequence form one token block ({layout.n_token_blocks} "
             f"blocks of {layout.pieces.n_token_blocks} pieces), as ring attention sends and computes them; "
-            f"tiles are charged per sequence at their mean extents",)
+            "each tile is charged as its per-sequence sub-tiles",)
 
 
 def relay_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
