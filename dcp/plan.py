@@ -170,10 +170,11 @@ class Plan:
 
         return plan_stats(self)
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, compress: bool | None = None) -> bytes:
+        """Serialized plan (``dcp.serialize``); ``compress``: zlib-wrapped (None: when large)."""
         from dcp.serialize import plan_to_bytes
 
-        return plan_to_bytes(self)
+        return plan_to_bytes(self, compress)
 
     @staticmethod
     def from_bytes(data: bytes) -> "Plan":

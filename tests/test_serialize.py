@@ -96,3 +96,33 @@ def test_neighbourhood_mask_at_131k_tokens_serializes_small():
 def test_bytes_that_are_no_plan_are_named(plans):
     with pytest.raises(dcp.SerializationError, match="bad magic"):
         dcp.Plan.from_bytes(b"DCPPLAN1" + plans[0].to_bytes()[8:])
+
+
+def test_large_plans_travel_compressed_and_bad_compressed_bytes_are_named(plans, monkeypatch):
+    import struct
+    import zlib
+
+    from dcp import serialize
+
+    plan = plans[0]
+    raw = plan.to_bytes()
+    assert raw[:8] == serialize.MAGIC  # small plans stay raw
+    packed = plan.to_bytes(compress=True)
+    assert packed[:8] == serialize.ZMAGIC and len(packed) < len(raw)
+    assert dcp.Plan.from_bytes(packed).to_bytes() == raw
+    monkeypatch.setattr(serialize, "COMPRESS_ABOVE", 100)
+    assert plan.to_bytes() == packed  # automatic above the threshold, deterministic
+    with pytest.raises(dcp.SerializationError, match="checksum"):
+        dcp.Plan.from_bytes(packed[:-1] + bytes([packed[-1] ^ 1]))
+    with pytest.raises(dcp.SerializationError):
+        dcp.Plan.from_bytes(packed[:len(packed) // 2])
+    with pytest.raises(dcp.SerializationError, match="truncated"):
+        dcp.Plan.from_bytes(serialize.ZMAGIC + b"\0" * 4)
+    # a well-checksummed stream that inflates to more (or less) than it declares
+    for declared in (len(raw) - 1, len(raw) + 1):
+        body = serialize.ZMAGIC + struct.pack("<Q", declared) + zlib.compress(raw, 1)
+        with pytest.raises(dcp.SerializationError, match="declared"):
+            dcp.Plan.from_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    body = serialize.ZMAGIC + struct.pack("<Q", 10) + b"not zlib at all"
+    with pytest.raises(dcp.SerializationError, match="inflate"):
+        dcp.Plan.from_bytes(body + struct.pack("<I", zlib.crc32(body)))
