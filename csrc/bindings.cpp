@@ -10,6 +10,7 @@
 #include "attention_cpu.h"
 #include "pieces.h"
 #include "rounds.h"
+#include "sim.h"
 
 namespace {
 
@@ -398,6 +399,99 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> group
           to_tensor(r.sub_n), to_tensor(r.sub_wq), to_tensor(r.sub_wk), to_tensor(r.sub_wqk)};
 }
 
+// [rows, width] int64 contiguous CPU tensor.
+void check_mat(const Tensor& t, const char* fn, const char* name, int64_t rows) {
+  check_cpu(t, fn, name);
+  TORCH_CHECK(t.scalar_type() == at::kLong, fn, ": ", name, " must have dtype int64, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows, fn, ": ", name, " must have shape [", rows, ", width], got ",
+              t.sizes());
+  TORCH_CHECK(t.is_contiguous(), fn, ": ", name, " must be contiguous");
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t> simulate_streams(
+    const Tensor& ptr, const Tensor& step_dev, const Tensor& flow_ptr, const Tensor& step_flows,
+    const Tensor& pending, const Tensor& comp, const Tensor& red, const Tensor& f_step, const Tensor& f_res,
+    const Tensor& f_bytes, const Tensor& cap, const Tensor& clock0, const Tensor& reduce0, double latency,
+    double round_over) {
+  const char* fn = "dcp._C.simulate_streams";
+  const int64_t n_dev = clock0.numel(), n_steps = step_dev.numel(), n_flows = f_bytes.numel(),
+                n_res = cap.numel();
+  check_vec(ptr, fn, "ptr", n_dev + 1, at::kLong);
+  check_vec(step_dev, fn, "step_dev", n_steps, at::kLong);
+  check_vec(flow_ptr, fn, "flow_ptr", n_steps + 1, at::kLong);
+  check_vec(step_flows, fn, "step_flows", step_flows.numel(), at::kLong);
+  check_vec(pending, fn, "pending", n_steps, at::kLong);
+  check_vec(comp, fn, "comp", n_steps, at::kDouble);
+  check_vec(red, fn, "red", n_steps, at::kDouble);
+  check_mat(f_step, fn, "f_step", n_flows);
+  TORCH_CHECK(f_step.size(1) == 2, fn, ": f_step must have shape [n_flows, 2], got ", f_step.sizes());
+  check_mat(f_res, fn, "f_res", n_flows);
+  check_vec(f_bytes, fn, "f_bytes", n_flows, at::kDouble);
+  check_vec(cap, fn, "cap", n_res, at::kDouble);
+  check_vec(clock0, fn, "clock0", n_dev, at::kDouble);
+  check_vec(reduce0, fn, "reduce0", n_dev, at::kDouble);
+  TORCH_CHECK(flow_ptr[n_steps].item<int64_t>() == step_flows.numel(), fn, ": flow_ptr must end at the ",
+              step_flows.numel(), " entries of step_flows");
+  const auto dopt = at::TensorOptions().dtype(at::kDouble);
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  Tensor clock = at::empty({n_dev}, dopt), compute_s = at::empty({n_dev}, dopt), reduce_s = at::empty({n_dev}, dopt),
+         wait_s = at::empty({n_dev}, dopt), f_start = at::empty({n_flows}, dopt), f_end = at::empty({n_flows}, dopt),
+         blocked = at::empty({n_dev}, lopt), pos = at::empty({n_dev}, lopt);
+  dcp::SimParams p;
+  p.n_dev = n_dev;
+  p.n_steps = n_steps;
+  p.n_flows = n_flows;
+  p.n_res = n_res;
+  p.ptr = ptr.data_ptr<int64_t>();
+  p.step_dev = step_dev.data_ptr<int64_t>();
+  p.flow_ptr = flow_ptr.data_ptr<int64_t>();
+  p.step_flows = step_flows.data_ptr<int64_t>();
+  p.pending = pending.data_ptr<int64_t>();
+  p.comp = comp.data_ptr<double>();
+  p.red = red.data_ptr<double>();
+  p.f_step = f_step.data_ptr<int64_t>();
+  p.f_res = f_res.data_ptr<int64_t>();
+  p.res_width = f_res.size(1);
+  p.f_bytes = f_bytes.data_ptr<double>();
+  p.cap = cap.data_ptr<double>();
+  p.clock0 = clock0.data_ptr<double>();
+  p.reduce0 = reduce0.data_ptr<double>();
+  p.latency = latency;
+  p.round_over = round_over;
+  p.clock = clock.data_ptr<double>();
+  p.compute_s = compute_s.data_ptr<double>();
+  p.reduce_s = reduce_s.data_ptr<double>();
+  p.wait_s = wait_s.data_ptr<double>();
+  p.f_start = f_start.data_ptr<double>();
+  p.f_end = f_end.data_ptr<double>();
+  p.blocked = blocked.data_ptr<int64_t>();
+  p.pos = pos.data_ptr<int64_t>();
+  std::string err;
+  bool ok;
+  {
+    pybind11::gil_scoped_release no_gil;
+    ok = dcp::simulate_streams(p, err);
+  }
+  TORCH_CHECK(ok, fn, ": ", err);
+  return {clock, compute_s, reduce_s, wait_s, f_start, f_end, blocked, pos, p.n_rate_updates};
+}
+
+Tensor max_min_fill(const Tensor& res, const Tensor& cap, bool small) {
+  const char* fn = "dcp._C.max_min_fill";
+  check_mat(res, fn, "res", res.size(0));
+  check_vec(cap, fn, "cap", cap.numel(), at::kDouble);
+  const int64_t n = res.size(0), w = res.size(1), n_res = cap.numel();
+  if (n) {
+    TORCH_CHECK(res.max().item<int64_t>() < n_res && res.min().item<int64_t>() >= -1, fn,
+                ": res must name resources 0..", n_res - 1, " (-1: padding)");
+    TORCH_CHECK(w >= 1 && (res.select(1, 0) >= 0).all().item<bool>(), fn,
+                ": every row must cross a resource in its first column");
+  }
+  Tensor rate = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+  dcp::max_min_fill(n, w, res.data_ptr<int64_t>(), cap.data_ptr<double>(), n_res, small, rate.data_ptr<double>());
+  return rate;
+}
+
 void set_cpu_isa(const std::string& name) {
   TORCH_CHECK(dcp::set_cpu_isa(name), "dcp._C.set_cpu_isa: ISA '", name, "' is not available here (available: ",
               dcp::available_cpu_isas(), ")");
@@ -407,7 +501,7 @@ void set_cpu_isa(const std::string& name) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "dcp native CPU kernels: block-table attention forward/backward, log-sum-exp merges, and the "
-            "planner's input-round greedy and grouped-layout pair counts";
+            "planner's input-round greedy, grouped-layout pair counts and the simulator's event loop";
   m.def("attention_forward", &attention_forward, "(q, k, v, seg_cu, seg_tile_ptr, tile_k_start, tile_k_len, "
         "tile_mask_row, mask_ranges, scale) -> (o_thd, lse_ht)");
   m.def("attention_backward", &attention_backward, "(do, q, k, v, lse, delta, <6 tile arrays>, scale, "
@@ -419,6 +513,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("grouped_pair_counts", &grouped_pair_counts, "(seq_piece_ptr, piece_start, piece_len, piece_block, "
         "n_blocks, ranges, range_ptr, seq_r) -> (q_block, kv_block, unmasked, area, sub_n, sub_wq, "
         "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.pieces)");
+  m.def("simulate_streams", &simulate_streams, "(ptr, step_dev, flow_ptr, step_flows, pending, comp, red, "
+        "f_step, f_res, f_bytes, cap, clock0, reduce0, latency, round_over) -> (clock, compute_s, reduce_s, "
+        "wait_s, f_start, f_end, blocked, pos, n_rate_updates): the simulator's event loop (dcp.sim.streams)");
+  m.def("max_min_fill", &max_min_fill, "(res [n, width] int64 (-1 padding), cap, small) -> rate: max-min fair "
+        "rates by the simulator's progressive filling (small: dcp.sim.flows._max_min_small)");
   m.def("cpu_isa", []() { return std::string(dcp::cpu_isa()); }, "ISA variant of the kernels in use");
   m.def("set_cpu_isa", &set_cpu_isa, "select 'generic', 'avx2' or 'auto'");
   m.def("available_cpu_isas", []() { return dcp::available_cpu_isas(); });

@@ -4,7 +4,9 @@
 ``iteration_time_s(fwd, bwd)``; ``to_chrome_trace(results, path)`` for chrome://tracing / Perfetto.
 The fluid max-min fair network model is ``dcp.sim.network.FluidNetwork`` (``dcp.sim.flows.ComponentNetwork``
 recomputes it per component, for scale); ``dcp.sim.reference.simulate_reference`` is the simulator's
-test oracle. Pure numpy: no torch.
+test oracle. Pure numpy, except that the event loop runs in C++ (``dcp._C.simulate_streams``, fed
+torch tensors) when the extension is built and no events are recorded (``simulate(..., native=False)``:
+the Python loop).
 """
 from dcp.sim.network import FluidNetwork, max_min_rates
 from dcp.sim.simulator import (SimEvent, SimResult, ideal_time_s, iteration_time_s, simulate, simulate_both,

@@ -230,7 +230,9 @@ class ComponentNetwork:
         rows = [self.res[f] for f in flows]
         if len(flows) <= _SMALL:
             new = _max_min_small(rows, self.cap)
-        else:
+        else:  # in flow order: the fill sums each pass's frozen rates per resource in row order
+            flows.sort()
+            rows = [self.res[f] for f in flows]
             width = max(len(r) for r in rows)
             pad = len(self.cap)
             arr = np.full((len(rows), width), pad, dtype=np.int64)

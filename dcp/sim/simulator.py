@@ -33,7 +33,8 @@ Model (all times from ``CostModel``; every number it produces is *simulated*, no
   duration is computed up front in one vectorized pass, each device then steps only through the rounds
   in which it computes, merges or transfers, and an event touches only the devices and flows it
   involves. ``dcp.sim.reference.simulate_reference`` runs the same model over the instruction view, one
-  instruction at a time (the tests' oracle).
+  instruction at a time (the tests' oracle). Without recorded events the event loop runs in C++
+  (csrc/sim.cpp, the same operations as ``dcp.sim.streams`` and ``dcp.sim.flows``: the same times).
 - **Ideal.** ``ideal_s`` = total tile FLOPs / (n_devices x the large-tile attention rate of the
   direction, ``attn_fwd_tflops`` or ``attn_bwd_tflops``): perfect balance, no overhead, no small-tile
   penalty, no communication. Every simulated makespan is at least this.
@@ -193,12 +194,14 @@ def _flow_table(plan: Plan, direction: str, coalesce: bool) -> dict[str, np.ndar
 
 
 def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesce: bool = True,
-             nic: str | None = None, record_events: bool = True) -> SimResult:
+             nic: str | None = None, record_events: bool = True, native: bool | None = None) -> SimResult:
     """Simulate one direction of ``plan`` under ``cost`` (see the module docstring for the model).
 
     Raises ``ValueError`` for an unknown direction or NIC model, or a program whose tables are malformed
     (``dcp.validate_arrays.check_columns``: a device, block or round out of range). The canonical streams
     always finish (``dcp.program``), so an unvalidated plan simulates too; it may compute nonsense.
+    ``native``: the event loop in C++ (``dcp._C.simulate_streams``, same results) -- None: when built and
+    ``record_events`` is False; True: required (unless recording events); False: the Python loop.
     """
     from dcp.sim.streams import Streams
     from dcp.validate_arrays import Problems, check_columns
@@ -218,14 +221,14 @@ def simulate(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesc
     comp = stage_compute_s(plan.layout, plan.tiles, np.asarray(plan.tile_device), prog.tile_stage, cost,
                            direction, n_dev)
     t0 = _delta_s(plan, cost) if direction == "backward" else np.zeros(n_dev)
-    streams = Streams(plan, prog, flows, comp, t0, cost, nic, record_events)
+    streams = Streams(plan, prog, flows, comp, t0, cost, nic, record_events, native)
     streams.run(direction)
     comm = np.zeros(n_dev, dtype=np.int64)
     if flows["src"].size:
         comm += np.bincount(flows["src"], weights=flows["bytes"], minlength=n_dev).astype(np.int64)
         comm += np.bincount(flows["dst"], weights=flows["bytes"], minlength=n_dev).astype(np.int64)
     end = np.asarray(streams.clock, dtype=float)
-    makespan = float(max(end.max(initial=0.0), max(streams.f_end, default=0.0)))
+    makespan = float(max(end.max(initial=0.0), streams.last_end()))
     return SimResult(makespan, end, *(np.asarray(a, dtype=float) for a in (streams.compute_s, streams.reduce_s,
                                                                               streams.wait_s)), comm,
                      ideal_time_s(plan, cost, direction), cost.profile.name, direction, plan.planner,

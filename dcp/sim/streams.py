@@ -23,17 +23,30 @@ from dcp.sim.flows import ComponentNetwork
 from dcp.sim.simulator import SimEvent, _resources
 from dcp.units import Kind, unit_bytes
 
+try:  # the C++ event loop (csrc/sim.cpp), when the extension is built
+    from dcp import _C  # type: ignore[attr-defined]
+
+    _NATIVE = hasattr(_C, "simulate_streams")
+except ImportError:
+    _C, _NATIVE = None, False
+
 
 class Streams:
     """Steps of every device (module docstring) and their execution against a ``ComponentNetwork``.
 
     After ``run``: ``clock[d]`` (when device d's stream ended), ``compute_s``/``reduce_s``/``wait_s``
-    (float ``[n_devices]``), ``f_start``/``f_end`` (per flow), ``events`` (when recorded)."""
+    (float ``[n_devices]``), ``f_start``/``f_end`` (per flow), ``events`` (when recorded).
+
+    ``native``: run the loop in C++ (``dcp._C.simulate_streams``, the same operations; lists become numpy
+    arrays) -- True forces it, False forbids it, None uses it when built. Recorded events always run here."""
 
     def __init__(self, plan: Plan, prog: Program, flows: dict, comp: np.ndarray, t0: np.ndarray,
-                 cost: CostModel, nic: str | None, record_events: bool):
+                 cost: CostModel, nic: str | None, record_events: bool, native: bool | None = None):
         n, gpn, nodes = plan.n_devices, plan.cluster.gpus_per_node, plan.cluster.nodes
         self.n, self.record = n, record_events
+        self.native = (_NATIVE if native is None else bool(native)) and not record_events
+        if self.native and not _NATIVE:
+            raise RuntimeError("native simulation requested but dcp._C.simulate_streams is not built")
         p = cost.profile
         self.latency = p.link_latency_us * 1e-6
         f_src, f_dst, f_round = flows["src"], flows["dst"], flows["round"]
@@ -56,24 +69,27 @@ class Streams:
         ends_flow = np.concatenate([np.arange(n_flows), np.flatnonzero(remote)])
         ends_key = ends_dev * width + np.concatenate([f_round, f_round[remote]])
         keys = setops.unique(np.concatenate([ends_key, cd * width + cs + 1, g_rows[:, DST] * width + g_rows[:, ROUND]]))
-        self.ptr = np.searchsorted(keys // width, np.arange(n + 1)).tolist()
-        self.step_round = (keys % width).tolist()
-        self.step_dev = (keys // width).tolist()
         n_steps = keys.size
         at = np.searchsorted(keys, ends_key)
         order = np.argsort(at, kind="stable")
-        self.step_flows = ends_flow[order].tolist()
-        self.flow_ptr = np.searchsorted(at[order], np.arange(n_steps + 1)).tolist()
-        self.pending = np.bincount(at, minlength=n_steps).tolist()
-        self.f_steps = [[] for _ in range(n_flows)]
-        for f, k in zip(ends_flow.tolist(), at.tolist()):
-            self.f_steps[f].append(k)
         cell_step = np.searchsorted(keys, cd * width + cs + 1)
         comp_step = np.zeros(n_steps)
         comp_step[cell_step] = comp[cd, cs]
-        self.comp = comp_step.tolist()
         g_step = np.searchsorted(keys, g_rows[:, DST] * width + g_rows[:, ROUND])  # non-decreasing
-        self.red = np.bincount(g_step, weights=g_dur, minlength=n_steps).tolist()
+        self.round_over = p.round_overhead_us * 1e-6
+        steps = {"ptr": np.searchsorted(keys // width, np.arange(n + 1)), "step_dev": keys // width,
+                 "flow_ptr": np.searchsorted(at[order], np.arange(n_steps + 1)), "step_flows": ends_flow[order],
+                 "pending": np.bincount(at, minlength=n_steps), "comp": comp_step,
+                 "red": np.bincount(g_step, weights=g_dur, minlength=n_steps)}
+        if self.native:
+            self._native_tables(steps, keys % width, at, remote, flows, t0, plan, cost, nic)
+            return
+        self.step_round = (keys % width).tolist()
+        self.ptr, self.step_dev, self.flow_ptr, self.step_flows, self.pending, self.comp, self.red = (
+            steps[k].tolist() for k in ("ptr", "step_dev", "flow_ptr", "step_flows", "pending", "comp", "red"))
+        self.f_steps = [[] for _ in range(n_flows)]
+        for f, k in zip(ends_flow.tolist(), at.tolist()):
+            self.f_steps[f].append(k)
         if record_events:  # labels: tiles per compute cell, the merges of each step
             dev, stage = np.asarray(plan.tile_device, np.int64), prog.tile_stage.astype(np.int64)
             cnt = np.bincount(dev * comp.shape[1] + stage, minlength=comp.size)[cd * comp.shape[1] + cs]
@@ -93,7 +109,6 @@ class Streams:
         self.f_end = [math.nan] * n_flows
         self.starts: list[tuple[float, int]] = []
         # devices (host-side executors pay their per-program cost first, then the delta)
-        self.round_over = p.round_overhead_us * 1e-6
         busy = (np.diff(np.asarray(self.ptr)) > 0) | (np.asarray(t0) > 0)
         self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
         self.clock = [float(x) for x in self.t_prog + t0]
@@ -106,6 +121,53 @@ class Streams:
         if record_events:
             self.events += [SimEvent(d, "delta", "delta (home rows)", float(self.t_prog[d]), float(self.t_prog[d] + t))
                             for d, t in enumerate(t0) if t > 0]
+
+    def _native_tables(self, steps: dict, step_round: np.ndarray, at: np.ndarray, remote: np.ndarray, flows: dict,
+                       t0: np.ndarray, plan: Plan, cost: CostModel, nic: str | None) -> None:
+        """The same tables as numpy arrays, for ``dcp._C.simulate_streams``."""
+        n, gpn, p = self.n, plan.cluster.gpus_per_node, cost.profile
+        f_src, f_dst = flows["src"].astype(np.int64), flows["dst"].astype(np.int64)
+        n_flows = f_src.size
+        f_step = np.full((n_flows, 2), -1, dtype=np.int64)
+        f_step[:, 0] = at[:n_flows]
+        f_step[remote, 1] = at[n_flows:]
+        per_nic, n_nics, nic_cap = cost.nic_layout(gpn, plan.cluster.nodes, nic)
+        f_res = np.stack([f_src, n + f_dst, 2 * n + f_src // per_nic, 2 * n + n_nics + f_dst // per_nic], axis=1)
+        f_res[f_src // gpn == f_dst // gpn, 2:] = -1  # within a node: the two GPU ports (``_resources``)
+        cap = np.array([p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics), dtype=float)
+        busy = (np.diff(steps["ptr"]) > 0) | (np.asarray(t0) > 0)
+        t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
+        self._tables = dict(steps, f_step=f_step, f_res=f_res, f_bytes=np.asarray(flows["bytes"], dtype=float),
+                            cap=cap, clock0=t_prog + t0, reduce0=np.asarray(t0, dtype=float))
+        self.step_round = step_round
+        self.latency = p.link_latency_us * 1e-6
+        self.f_src, self.f_dst = f_src, f_dst
+        self.events: list[SimEvent] = []
+
+    def _run_native(self, direction: str) -> None:
+        import torch
+
+        tb = self._tables
+        dt = {"comp": np.float64, "red": np.float64, "f_bytes": np.float64, "cap": np.float64,
+              "clock0": np.float64, "reduce0": np.float64}
+        arg = lambda k: torch.from_numpy(np.ascontiguousarray(tb[k], dtype=dt.get(k, np.int64)))  # noqa: E731
+        out = _C.simulate_streams(*(arg(k) for k in ("ptr", "step_dev", "flow_ptr", "step_flows", "pending", "comp",
+                                                     "red", "f_step", "f_res", "f_bytes", "cap", "clock0",
+                                                     "reduce0")), float(self.latency), float(self.round_over))
+        clock, comp_s, red_s, wait_s, f_start, f_end, blocked, pos = (x.numpy() for x in out[:8])
+        self.n_rate_updates = int(out[8])
+        self.clock, self.compute_s, self.reduce_s, self.wait_s = clock, comp_s, red_s, wait_s
+        self.f_start, self.f_end = f_start, f_end
+        stuck = [(int(d), int(self.step_round[k])) for d, k in enumerate(blocked.tolist()) if k >= 0]
+        if stuck or (pos < tb["ptr"][1:]).any():
+            raise ValueError(f"{direction}: simulation cannot finish; devices blocked (device, round): {stuck[:4]}"
+                             " — a transfer whose peer never posts that round, or a deadlock")
+
+    def last_end(self) -> float:
+        """When the last flow finished (0.0 without flows)."""
+        if self.native:
+            return float(self.f_end.max()) if self.f_end.size else 0.0
+        return max(self.f_end, default=0.0)
 
     # -- device streams
     def _advance(self, d: int) -> None:
@@ -177,6 +239,9 @@ class Streams:
 
     # -- the event loop
     def run(self, direction: str) -> None:
+        if self.native:
+            self._run_native(direction)
+            return
         for d in range(self.n):
             self._advance(d)
         net, starts = self.net, self.starts
