@@ -174,3 +174,10 @@ def test_grouped_tiles_enumerate_in_tile_order():
     t = enumerate_tiles(spec, plan.layout)
     key = (t.q_tb.astype(np.int64) * 4 + t.hb) * 1000 + t.kv_tb
     assert (np.diff(key) > 0).all()
+
+
+@pytest.mark.parametrize("name", GROUPED)
+def test_grouped_plans_are_deterministic(name):
+    spec, cluster = _batch(SharedQuestionMask(0.3, 2)), dcp.Cluster(2, 2)
+    a, b = (BASELINES[name](shards=True).plan(spec, cluster) for _ in range(2))
+    assert a.to_bytes() == b.to_bytes() and a.to_bytes(compress=True) == b.to_bytes(compress=True)
