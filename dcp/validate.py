@@ -123,9 +123,16 @@ class _Check:
         hb = tiles.hb.astype(np.int64)
         for kind, blocks in zip(INPUT_KINDS[d], (tiles.q_tb, tiles.kv_tb)):
             u = blocks.astype(np.int64) * self.nhb + hb
-            late = held_since(dev, int(kind), u) > self.stage
-            if late.any():
-                t = _first(late)
+            # consecutive tiles reading one input on one device (the q side: tiles come by q block and head
+            # block) are checked once, at their earliest stage
+            run0 = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (dev[1:] != dev[:-1])]) if u.size \
+                else np.zeros(0, np.int64)
+            earliest = np.minimum.reduceat(self.stage, run0) if run0.size else np.zeros(0, np.int64)
+            held = held_since(dev[run0], int(kind), u[run0])
+            late_run = held > earliest
+            if late_run.any():
+                i = _first(late_run)
+                t = int(run0[i]) + _first(self.stage[run0[i]:] < held[i])  # the run's first late tile
                 pb.add(f"{d} device {int(dev[t])} stage {int(self.stage[t])}: tile {t} needs "
                        f"{self.name(kind, u[t])}, not yet there")
 
@@ -135,7 +142,14 @@ class _Check:
         dev, hb = self.plan.tile_device.astype(np.int64), tiles.hb.astype(np.int64)
         tile_node = np.concatenate([self.node(dev, int(k), (tiles.kv_tb if side else tiles.q_tb).astype(np.int64)
                                               * self.nhb + hb) for k, side in _OUTPUTS[d]])
-        tile_stage = np.tile(self.stage, len(_OUTPUTS[d]))
+        # consecutive tiles adding to one accumulator (tiles come by q block and head block) collapse into
+        # one entry at their latest stage: the checks below depend on the accumulator and that stage only.
+        # ``first_tile[i]`` is entry i's first (tile, output kind) position, for the messages
+        first_tile = np.flatnonzero(np.r_[True, tile_node[1:] != tile_node[:-1]]) if tile_node.size \
+            else np.zeros(0, np.int64)
+        tile_stage = np.maximum.reduceat(np.tile(self.stage, len(_OUTPUTS[d])), first_tile) if first_tile.size \
+            else np.zeros(0, np.int64)
+        tile_node = tile_node[first_tile]
         sends = self.tr[~self.is_input]
         s_unit = self.unit(sends)
         s_node = self.node(sends[:, SRC], sends[:, KIND], s_unit)
@@ -178,8 +192,10 @@ class _Check:
         late = tile_stage > sent_in - 2
         if late.any():
             i = _first(late)
-            t = i % self.stage.size
-            pb.add(f"{d} device {int(dev[t])}: tile {t} (stage {int(tile_stage[i])}) adds to partial "
+            run = np.tile(self.stage, len(_OUTPUTS[d]))[first_tile[i]:]
+            j = _first(run > sent_in[i] - 2)  # the run's first late tile
+            t = (first_tile[i] + j) % self.stage.size
+            pb.add(f"{d} device {int(dev[t])}: tile {t} (stage {int(run[j])}) adds to partial "
                    f"{self.name(tile_node[i] // self.n_units % _N_KINDS, tile_node[i] % self.n_units)} after it "
                    f"was sent in round {int(sent_in[i])}")
         sent_in = _lookup(s_keys, s_rounds, m_node, _NEVER)
@@ -194,11 +210,12 @@ class _Check:
             pb.add(f"{d} device {int(sends[i, SRC])} round {int(s_round[i])}: sends an empty partial "
                    f"{self.name(sends[i, KIND], s_unit[i])}")
         if not pb.items:
-            self.roots(tile_node, s_node, r_node)
+            self.roots(tile_node, first_tile, s_node, r_node)
 
-    def roots(self, tile_node: np.ndarray, s_node: np.ndarray, r_node: np.ndarray) -> None:
+    def roots(self, tile_node: np.ndarray, first_tile: np.ndarray, s_node: np.ndarray, r_node: np.ndarray) -> None:
         """Follow the sends from every tile's accumulator (pointer jumping); each must end at its unit's
-        home. Sends go to strictly later rounds (checked above), so the chains end."""
+        home. Sends go to strictly later rounds (checked above), so the chains end. ``first_tile``: a
+        (tile, output kind) position of each ``tile_node`` entry, for the message."""
         nodes = setops.unique(np.concatenate([tile_node, s_node, r_node]))
         nxt = np.arange(nodes.size)
         nxt[np.searchsorted(nodes, s_node)] = np.searchsorted(nodes, r_node)
@@ -215,7 +232,7 @@ class _Check:
         stray = end_dev != self.home[unit // self.nhb]
         if stray.any():
             i = _first(stray)
-            t = i % self.stage.size
+            t = int(first_tile[i]) % self.stage.size
             kind = end[i] // self.n_units % _N_KINDS
             self.pb.add(f"{self.direction}: partial {self.name(kind, unit[i])} of tile {t} ends on device "
                         f"{int(end_dev[i])}, never sent home to device {int(self.home[unit[i] // self.nhb])}")

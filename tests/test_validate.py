@@ -112,3 +112,22 @@ def test_problems_name_what_is_wrong(plans):
     bad[0, 3] = bad[0, 4]  # a device sending to itself
     with pytest.raises(PlanValidationError, match="sending to itself"):
         dcp.validate(with_program(plan, "backward", transfers=bad))
+
+
+@pytest.mark.parametrize("name", ["ring", "te_a2a_p2p", "dcp"])
+def test_a_tile_run_before_its_input_arrives_is_named(plans, name):
+    """Tiles that read one input on one device are checked as a run; the message still names the tile."""
+    plan = plans[name]
+    for direction in ("forward", "backward"):
+        prog = plan.columns(direction)
+        named = 0
+        for t in np.flatnonzero(prog.tile_stage > 0)[::7][:6].tolist():
+            stage = prog.tile_stage.copy()
+            stage[t] = 0
+            try:
+                dcp.validate(with_program(plan, direction, tile_stage=stage))
+            except PlanValidationError as err:
+                if "not yet there" in str(err):
+                    assert f"tile {t} needs" in str(err), (t, str(err))
+                    named += 1
+        assert named > 0 or name == "dcp"
