@@ -56,13 +56,11 @@ def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int, sha
     for n in spec.seqlens:
         starts, chunk = near_equal_chunks(n, 2 * cp)
         rank = zigzag_device(chunk, cp)
-        ends = np.append(starts[1:], n)
-        sub_starts, homes = [], []
-        for s, e, r in zip(starts.tolist(), ends.tolist(), rank.tolist()):
-            ss, sub = near_equal_chunks(e - s, hp)
-            sub_starts.append(s + ss)
-            homes.append(r * hp + sub)
-        builder.add(np.concatenate(sub_starts), np.concatenate(homes))
+        # each rank chunk cut into hp near-equal parts (``near_equal_chunks`` of every chunk at once)
+        length = np.diff(np.append(starts, n))
+        cuts = (np.arange(hp + 1, dtype=np.int64)[None, :] * length[:, None]) // hp
+        keep = np.diff(cuts, axis=1) > 0  # empty parts dropped, as near_equal_chunks does
+        builder.add((starts[:, None] + cuts[:, :-1])[keep], (rank[:, None] * hp + np.arange(hp))[keep])
     hbs = None if hp == 1 else spec.num_heads // hp
     if use_shards(shards, builder, head_blocking(spec, hbs)[1]):
         layout, home = builder.grouped(hbs)[:2]
