@@ -163,6 +163,18 @@ def pair_counts(ranges_tr2: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.rint(counts).astype(np.int64).reshape(nb, nb)
 
 
+def tile_flops(spec: BatchSpec, layout: BlockLayout, unmasked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) FLOPs of tiles with ``unmasked`` pairs per head over a head block
+    (``TileSet``: 4·pairs·D·heads, backward 2.5× that)."""
+    fwd = 4.0 * unmasked * spec.head_dim * layout.head_block_size
+    return fwd, 2.5 * fwd
+
+
+def nothing_to_attend() -> InvalidBatchError:
+    """The error of a batch whose masks leave no (query, key) pair."""
+    return InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
+
+
 def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
     """All non-empty tiles of the batch under ``layout`` (grouped layouts: ``dcp.pieces``)."""
     if layout.grouped:
@@ -182,7 +194,7 @@ def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
     kv_tb = np.concatenate(k_parts).astype(np.int32)
     unmasked = np.concatenate(c_parts)
     if q_tb.size == 0:
-        raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
+        raise nothing_to_attend()
     full = unmasked == layout.tb_len[q_tb].astype(np.int64) * layout.tb_len[kv_tb]
     nhb = layout.n_head_blocks
     # expand over head blocks: tile id = (pair index) * nhb + hb keeps (q block, hb, kv block) grouping
@@ -196,5 +208,4 @@ def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
     # regroup to (q block, head block, kv block) order
     order = np.lexsort((kv_rep, hb, q_rep))
     q_rep, kv_rep, hb, um_rep, full_rep = q_rep[order], kv_rep[order], hb[order], um_rep[order], full_rep[order]
-    fwd = 4.0 * um_rep * spec.head_dim * layout.head_block_size
-    return TileSet(q_rep, kv_rep, hb, um_rep, full_rep, fwd, 2.5 * fwd)
+    return TileSet(q_rep, kv_rep, hb, um_rep, full_rep, *tile_flops(spec, layout, um_rep))

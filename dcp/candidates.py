@@ -62,11 +62,9 @@ class Candidate:
 
 
 def tile_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, direction: str) -> np.ndarray:
-    """Modelled seconds of every tile alone in ``direction`` (orders stages and transfers)."""
-    q_len, kv_len = layout.tb_len[tiles.q_tb], layout.tb_len[tiles.kv_tb]
-    if direction == "forward":
-        return cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full)
-    return cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full)
+    """Modelled seconds of every tile alone in ``direction`` (orders stages and transfers;
+    ``CostModel.tile_alone_s``)."""
+    return cost.tile_alone_s(layout, tiles, direction)
 
 
 def sequence_times(cost: CostModel, layout: BlockLayout, tiles: TileSet, n_seqs: int) -> np.ndarray:

@@ -92,8 +92,7 @@ def _drop_empty_partials(tr, mg, fine, tile_device, direction: str, nhb: int, n_
         ok = np.fromiter((s in held for s in src), dtype=bool, count=len(src))
         keep[idx[a:b][ok]] = True
         held.update(node(r[ok, DST], r[ok, KIND], r[ok, TB], r[ok, HB]).tolist())
-    kept = tr[keep]
-    sent = kept[np.isin(kept[:, KIND], [int(k) for k in OUTPUT_KINDS[direction]])]
+    kept, sent = tr[keep], tr[keep & partial]
     if not mg.shape[0]:
         return kept, mg
     _, inv = np.unique(np.concatenate([sent, mg]), axis=0, return_inverse=True)

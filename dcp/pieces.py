@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.errors import InvalidBatchError, InvalidConfigError
+from dcp.blocks import BlockLayout, TileSet, nothing_to_attend, pair_counts, tile_flops
+from dcp.errors import InvalidConfigError
 from dcp.spec import BatchSpec
 
 try:  # the C++ counts, when the extension is built
@@ -75,8 +76,6 @@ def group_layout(pieces, piece_block: np.ndarray):
 
     Its ``tb_len`` is the block's tokens; ``tb_start`` its first piece's row; ``tb_seq`` is -1 (a block
     may span sequences) and ``seq_tb_ptr`` all zeros: per-sequence views go through ``pieces``."""
-    from dcp.blocks import BlockLayout
-
     if pieces.pieces is not None:
         raise InvalidConfigError("the pieces of a grouped layout must be an ordinary (ungrouped) layout")
     pb, n = check_grouping(pieces, piece_block)
@@ -92,8 +91,6 @@ def group_layout(pieces, piece_block: np.ndarray):
 def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarray) -> GroupedCounts:
     """``GroupedCounts`` sequence by sequence: ``dcp.blocks.pair_counts`` between the pieces of each
     sequence, folded onto their blocks. Defines the semantics of the native path."""
-    from dcp.blocks import pair_counts
-
     pb, n = check_grouping(pieces, piece_block)
     keys, cols, moments = [], [], []
     for seq in range(spec.num_seqs):
@@ -114,7 +111,7 @@ def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarr
         cols.append(np.stack([um, tq * tk, np.ones_like(um)], axis=1))
         moments.append(np.stack([um / tq, um / tk, um / (tq * tk)], axis=1))
     if not keys:
-        raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
+        raise nothing_to_attend()
     key = np.concatenate(keys)
     ukey, inv = np.unique(key, return_inverse=True)
     vals = np.zeros((ukey.size, 3), dtype=np.int64)
@@ -145,15 +142,13 @@ def grouped_pair_counts(spec: BatchSpec, pieces, piece_block: np.ndarray,
         t([r.shape[1] for r in ranges], np.int64))
     q, kv, um, area, sub_n, wq, wk, wqk = (c.numpy() for c in out)
     if q.size == 0:
-        raise InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
+        raise nothing_to_attend()
     return GroupedCounts(q.astype(np.int32), kv.astype(np.int32), um, area, sub_n, wq, wk, wqk)
 
 
 def enumerate_grouped_tiles(spec: BatchSpec, layout):
     """All non-empty tiles of a grouped layout, in ``enumerate_tiles`` order (q block, head block, kv
     block), with the grouped fields set."""
-    from dcp.blocks import TileSet
-
     c = grouped_pair_counts(spec, layout.pieces, layout.piece_block)
     nhb = layout.n_head_blocks
     # pairs are sorted by (q, kv): the q block's m pairs from s on become, in (q, hb, kv) order, its tiles
@@ -167,7 +162,6 @@ def enumerate_grouped_tiles(spec: BatchSpec, layout):
     hb = (rel // size[grp]).astype(np.int32)
     pair = first[grp] + rel % size[grp]
     um = c.unmasked[pair]
-    fwd = 4.0 * um * spec.head_dim * layout.head_block_size
-    return TileSet(c.q_block[pair], c.kv_block[pair], hb, um, um == c.area[pair], fwd, 2.5 * fwd,
+    return TileSet(c.q_block[pair], c.kv_block[pair], hb, um, um == c.area[pair], *tile_flops(spec, layout, um),
                    sub_n=c.sub_n[pair].astype(np.int32), sub_wq=c.sub_wq[pair], sub_wk=c.sub_wk[pair],
                    sub_wqk=c.sub_wqk[pair])

@@ -33,12 +33,19 @@ from dcp.schedule import Routes
 from dcp.spec import BatchSpec
 
 
+def near_equal_parts(lengths: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut each of ``lengths`` into ``k`` near-equal contiguous parts (sizes differ by at most one):
+    (int64 ``[m, k]`` start offset of each part, bool ``[m, k]`` the part is non-empty)."""
+    b = (np.arange(k + 1, dtype=np.int64)[None, :] * np.asarray(lengths, np.int64)[:, None]) // k
+    return b[:, :-1], np.diff(b, axis=1) > 0
+
+
 def near_equal_chunks(n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Cut ``n`` tokens into ``k`` near-equal contiguous chunks (sizes differ by at most one), dropping
     empty ones (``n < k``). Returns (start of each non-empty chunk, its chunk index), both int64."""
-    b = (np.arange(k + 1, dtype=np.int64) * n) // k
-    idx = np.flatnonzero(np.diff(b) > 0)
-    return b[idx], idx
+    start, keep = near_equal_parts(np.array([n]), k)
+    idx = np.flatnonzero(keep[0])
+    return start[0, idx], idx
 
 
 def zigzag_device(chunk: np.ndarray, k: int) -> np.ndarray:
@@ -78,19 +85,20 @@ class BlockBuilder:
         nb = np.array([b.size - 1 for b in self.bounds], dtype=np.int64)
         return int((nb * (nb + 1) // 2).sum()) * n_head_blocks
 
-    def grouped(self, head_block_size: int | None):
-        """(layout, home, ring_base, ring_size) with each device's blocks of every sequence grouped into
-        one token block (``dcp.pieces``): its shard, as ring attention holds and sends it."""
+    def parts(self, head_block_size: int | None, shards: bool | None):
+        """(layout, home, ring_base, ring_size) per token block: the blocks as added, or (``use_shards``)
+        each device's blocks of every sequence grouped into one token block (``dcp.pieces``): its shard, as
+        ring attention holds and sends it."""
+        from dcp.blocks import head_blocking
         from dcp.pieces import group_layout
 
-        pieces = self.layout(head_block_size)
         home, base, size = self.arrays()
-        used, piece_block = np.unique(home, return_inverse=True)
-        first = np.searchsorted(np.sort(piece_block), np.arange(used.size))
-        first = np.argsort(piece_block, kind="stable")[first]
+        if not use_shards(shards, self, head_blocking(self.spec, head_block_size)[1]):
+            return self.layout(head_block_size), home, base, size
+        used, first, piece_block = np.unique(home, return_index=True, return_inverse=True)
         if (base != base[first][piece_block]).any() or (size != size[first][piece_block]).any():
             raise ValueError("the blocks homed on one device must share one ring to be grouped")
-        return group_layout(pieces, piece_block), used, base[first], size[first]
+        return group_layout(self.layout(head_block_size), piece_block), used, base[first], size[first]
 
 
 #: ``shards=None`` (auto) groups a static baseline's blocks per device above this many estimated tiles
@@ -344,13 +352,9 @@ def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | Non
               shards: bool | None = False):
     """Layout, tiles, home, tile device (the q block's home), stages and routes of a ring-style plan
     (``shards``: group each device's blocks, ``use_shards``)."""
-    from dcp.blocks import enumerate_tiles, head_blocking
+    from dcp.blocks import enumerate_tiles
 
-    if use_shards(shards, builder, head_blocking(spec, head_block_size)[1]):
-        layout, home, ring_base, ring_size = builder.grouped(head_block_size)
-    else:
-        layout = builder.layout(head_block_size)
-        home, ring_base, ring_size = builder.arrays()
+    layout, home, ring_base, ring_size = builder.parts(head_block_size, shards)
     tiles = enumerate_tiles(spec, layout)
     tile_device = home[tiles.q_tb]
     ring = ring_of_blocks(layout, home, ring_base, ring_size)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.baselines.common import (BlockBuilder, check_shards, near_equal_chunks, relay_schedule, shard_note,
-                                  use_shards, zigzag_device)
+from dcp.baselines.common import (BlockBuilder, check_shards, near_equal_chunks, near_equal_parts, relay_schedule,
+                                  shard_note, zigzag_device)
 from dcp.baselines.zigzag import zigzag_parts
 from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
@@ -56,16 +56,10 @@ def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int, sha
     for n in spec.seqlens:
         starts, chunk = near_equal_chunks(n, 2 * cp)
         rank = zigzag_device(chunk, cp)
-        # each rank chunk cut into hp near-equal parts (``near_equal_chunks`` of every chunk at once)
-        length = np.diff(np.append(starts, n))
-        cuts = (np.arange(hp + 1, dtype=np.int64)[None, :] * length[:, None]) // hp
-        keep = np.diff(cuts, axis=1) > 0  # empty parts dropped, as near_equal_chunks does
-        builder.add((starts[:, None] + cuts[:, :-1])[keep], (rank[:, None] * hp + np.arange(hp))[keep])
-    hbs = None if hp == 1 else spec.num_heads // hp
-    if use_shards(shards, builder, head_blocking(spec, hbs)[1]):
-        layout, home = builder.grouped(hbs)[:2]
-    else:
-        layout, home = builder.layout(hbs), builder.arrays()[0]
+        # each rank chunk cut into hp near-equal parts, homed on the rank's hp devices (empty parts dropped)
+        offset, keep = near_equal_parts(np.diff(np.append(starts, n)), hp)
+        builder.add((starts[:, None] + offset)[keep], (rank[:, None] * hp + np.arange(hp))[keep])
+    layout, home = builder.parts(None if hp == 1 else spec.num_heads // hp, shards)[:2]
     tiles = enumerate_tiles(spec, layout)
     nhb = layout.n_head_blocks
     rank_of = home // hp

@@ -173,6 +173,19 @@ class CostModel:
         inv = (pairs + p.half_rows * wq + p.half_cols * wk + p.half_rows * p.half_cols * wqk) / np.maximum(pairs, 1.0)
         return inv / np.where(np.asarray(full), 1.0, p.partial_tile_efficiency)
 
+    def tile_alone_s(self, layout, tiles, direction: str) -> np.ndarray:
+        """float ``[n_tiles]``: seconds of every tile run alone in ``direction`` -- its own launch, at its
+        own extents (grouped tiles, ``dcp.pieces``: their per-sequence sub-tiles, ``inverse_efficiency``)."""
+        backward = direction == "backward"
+        flops = tiles.bwd_flops if backward else tiles.fwd_flops
+        if tiles.sub_n is not None:
+            p = self.profile
+            rate = (p.attn_bwd_tflops if backward else p.attn_fwd_tflops) * 1e12
+            return p.kernel_overhead_us * 1e-6 + flops * self.inverse_efficiency(self.tile_shapes(tiles), tiles.full) / rate
+        q_len, kv_len = layout.tb_len[tiles.q_tb], layout.tb_len[tiles.kv_tb]
+        alone = self.tile_backward_s if backward else self.tile_forward_s
+        return np.asarray(alone(flops, q_len, kv_len, tiles.full), dtype=float)
+
     def _tile_busy_s(self, flops, full, q_ext, kv_ext, rate, q_tb, kv_tb, tb_len, unmasked,
                      shapes=None) -> np.ndarray:
         """Seconds of each tile inside a fused call, at its group's extents (``partial_waste_keys`` with

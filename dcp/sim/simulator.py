@@ -136,18 +136,8 @@ def simulate_both(plan: Plan, cost: CostModel, **kwargs) -> tuple[SimResult, Sim
 
 
 def tile_times(plan: Plan, cost: CostModel, direction: str) -> np.ndarray:
-    """Modelled seconds of every tile of the plan in ``direction``."""
-    tiles, lay = plan.tiles, plan.layout
-    q_len, kv_len = lay.tb_len[tiles.q_tb], lay.tb_len[tiles.kv_tb]
-    if tiles.sub_n is not None:  # grouped tiles: their per-sequence sub-tiles (``CostModel.inverse_efficiency``)
-        p = cost.profile
-        inv = cost.inverse_efficiency(cost.tile_shapes(tiles), tiles.full)
-        rate = p.attn_fwd_tflops if direction == "forward" else p.attn_bwd_tflops
-        flops = tiles.fwd_flops if direction == "forward" else tiles.bwd_flops
-        return p.kernel_overhead_us * 1e-6 + flops * inv / (rate * 1e12)
-    if direction == "forward":
-        return np.asarray(cost.tile_forward_s(tiles.fwd_flops, q_len, kv_len, tiles.full), dtype=float)
-    return np.asarray(cost.tile_backward_s(tiles.bwd_flops, q_len, kv_len, tiles.full), dtype=float)
+    """Modelled seconds of every tile of the plan in ``direction`` (``CostModel.tile_alone_s``)."""
+    return cost.tile_alone_s(plan.layout, plan.tiles, direction)
 
 
 def ideal_time_s(plan: Plan, cost: CostModel, direction: str) -> float:
@@ -174,6 +164,12 @@ def _resources(src: int, dst: int, gpn: int, n_dev: int, n_nics: int, per_nic: i
     return (src, n_dev + dst, 2 * n_dev + src // per_nic, 2 * n_dev + n_nics + dst // per_nic)
 
 
+def _resource_table(src: np.ndarray, dst: np.ndarray, gpn: int, n_dev: int, n_nics: int, per_nic: int) -> np.ndarray:
+    """``_resources`` of many flows at once: int64 ``[n_flows, 4]``, rows padded with -1 (within a node)."""
+    src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
+    res = np.stack([src, n_dev + dst, 2 * n_dev + src // per_nic, 2 * n_dev + n_nics + dst // per_nic], axis=1)
+    res[src // gpn == dst // gpn, 2:] = -1
+    return res
 
 
 def _flow_table(plan: Plan, direction: str, coalesce: bool) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from dcp import setops
 from dcp.plan import Plan
 from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
 from dcp.sim.flows import ComponentNetwork
-from dcp.sim.simulator import SimEvent, _resources
+from dcp.sim.simulator import SimEvent, _resource_table
 from dcp.units import Kind, unit_bytes
 
 try:  # the C++ event loop (csrc/sim.cpp), when the extension is built
@@ -81,8 +81,15 @@ class Streams:
                  "flow_ptr": np.searchsorted(at[order], np.arange(n_steps + 1)), "step_flows": ends_flow[order],
                  "pending": np.bincount(at, minlength=n_steps), "comp": comp_step,
                  "red": np.bincount(g_step, weights=g_dur, minlength=n_steps)}
+        # network: each flow's resources and their capacities; devices: the per-program cost first (host-side
+        # executors), then the delta
+        per_nic, n_nics, nic_cap = cost.nic_layout(gpn, nodes, nic)
+        f_res = _resource_table(f_src, f_dst, gpn, n, n_nics, per_nic)
+        caps = np.array([p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics), dtype=float)
+        busy = (np.diff(steps["ptr"]) > 0) | (np.asarray(t0) > 0)
+        self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
         if self.native:
-            self._native_tables(steps, keys % width, at, remote, flows, t0, plan, cost, nic)
+            self._native_tables(steps, keys % width, at, remote, flows, f_res, caps, t0)
             return
         self.step_round = (keys % width).tolist()
         self.ptr, self.step_dev, self.flow_ptr, self.step_flows, self.pending, self.comp, self.red = (
@@ -98,9 +105,7 @@ class Streams:
         # flows
         self.f_src, self.f_dst, self.f_round = f_src.tolist(), f_dst.tolist(), f_round.tolist()
         self.f_bytes, self.f_units = flows["bytes"].tolist(), flows["units"].tolist()
-        per_nic, n_nics, nic_cap = cost.nic_layout(gpn, nodes, nic)
-        self.f_res = [_resources(s, d, gpn, n, n_nics, per_nic) for s, d in zip(self.f_src, self.f_dst)]
-        caps = [p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics)
+        self.f_res = [tuple(r[:2]) if r[2] < 0 else tuple(r) for r in f_res.tolist()]
         self.net = ComponentNetwork(caps, n_flows)
         self.f_need = [2 if r else 1 for r in remote.tolist()]
         self.f_posted = [0] * n_flows
@@ -108,9 +113,6 @@ class Streams:
         self.f_start = [math.nan] * n_flows
         self.f_end = [math.nan] * n_flows
         self.starts: list[tuple[float, int]] = []
-        # devices (host-side executors pay their per-program cost first, then the delta)
-        busy = (np.diff(np.asarray(self.ptr)) > 0) | (np.asarray(t0) > 0)
-        self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
         self.clock = [float(x) for x in self.t_prog + t0]
         self.pos = self.ptr[:-1]
         self.blocked = [-1] * n       # the step a device waits in
@@ -123,24 +125,16 @@ class Streams:
                             for d, t in enumerate(t0) if t > 0]
 
     def _native_tables(self, steps: dict, step_round: np.ndarray, at: np.ndarray, remote: np.ndarray, flows: dict,
-                       t0: np.ndarray, plan: Plan, cost: CostModel, nic: str | None) -> None:
+                       f_res: np.ndarray, caps: np.ndarray, t0: np.ndarray) -> None:
         """The same tables as numpy arrays, for ``dcp._C.simulate_streams``."""
-        n, gpn, p = self.n, plan.cluster.gpus_per_node, cost.profile
         f_src, f_dst = flows["src"].astype(np.int64), flows["dst"].astype(np.int64)
         n_flows = f_src.size
         f_step = np.full((n_flows, 2), -1, dtype=np.int64)
         f_step[:, 0] = at[:n_flows]
         f_step[remote, 1] = at[n_flows:]
-        per_nic, n_nics, nic_cap = cost.nic_layout(gpn, plan.cluster.nodes, nic)
-        f_res = np.stack([f_src, n + f_dst, 2 * n + f_src // per_nic, 2 * n + n_nics + f_dst // per_nic], axis=1)
-        f_res[f_src // gpn == f_dst // gpn, 2:] = -1  # within a node: the two GPU ports (``_resources``)
-        cap = np.array([p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics), dtype=float)
-        busy = (np.diff(steps["ptr"]) > 0) | (np.asarray(t0) > 0)
-        t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
         self._tables = dict(steps, f_step=f_step, f_res=f_res, f_bytes=np.asarray(flows["bytes"], dtype=float),
-                            cap=cap, clock0=t_prog + t0, reduce0=np.asarray(t0, dtype=float))
+                            cap=caps, clock0=self.t_prog + t0, reduce0=np.asarray(t0, dtype=float))
         self.step_round = step_round
-        self.latency = p.link_latency_us * 1e-6
         self.f_src, self.f_dst = f_src, f_dst
         self.events: list[SimEvent] = []
 
@@ -158,8 +152,12 @@ class Streams:
         self.n_rate_updates = int(out[8])
         self.clock, self.compute_s, self.reduce_s, self.wait_s = clock, comp_s, red_s, wait_s
         self.f_start, self.f_end = f_start, f_end
-        stuck = [(int(d), int(self.step_round[k])) for d, k in enumerate(blocked.tolist()) if k >= 0]
-        if stuck or (pos < tb["ptr"][1:]).any():
+        self._check_finished(direction, blocked.tolist(), bool((pos < tb["ptr"][1:]).any()))
+
+    def _check_finished(self, direction: str, blocked: list, unfinished: bool) -> None:
+        """Raise ``ValueError`` naming the blocked devices when a stream did not run to its end."""
+        stuck = [(d, int(self.step_round[k])) for d, k in enumerate(blocked) if k >= 0]
+        if stuck or unfinished:
             raise ValueError(f"{direction}: simulation cannot finish; devices blocked (device, round): {stuck[:4]}"
                              " — a transfer whose peer never posts that round, or a deadlock")
 
@@ -263,10 +261,7 @@ class Streams:
             for f in batch:
                 if self.f_need[f] == 1:
                     self._finish(f, t_start)
-        stuck = [(d, self.step_round[k]) for d, k in enumerate(self.blocked) if k >= 0]
-        if stuck or any(self.pos[d] < self.ptr[d + 1] for d in range(self.n)):
-            raise ValueError(f"{direction}: simulation cannot finish; devices blocked (device, round): {stuck[:4]}"
-                             " — a transfer whose peer never posts that round, or a deadlock")
+        self._check_finished(direction, self.blocked, any(self.pos[d] < self.ptr[d + 1] for d in range(self.n)))
         if self.record:
             for f in range(len(self.f_src)):
                 s, d, r = self.f_src[f], self.f_dst[f], self.f_round[f]
