@@ -73,7 +73,9 @@ def run_case(case: dict) -> dict:
     cluster = dcp.Cluster(case["devices"] // 8, 8)
     name = case["planner"]
     if name == "dcp":
-        planner = dcp.DCPPlanner(dcp.PlannerConfig(block_size=case["block_size"]))
+        search = dcp.SearchConfig() if case.get("max_tiles") is None else \
+            dcp.SearchConfig(hypergraph_max_tiles=case["max_tiles"])
+        planner = dcp.DCPPlanner(dcp.PlannerConfig(block_size=case["block_size"], search=search))
     else:
         planner = BASELINES[name]()
     out = {"num_seqs": spec.num_seqs, "total_tokens": spec.total_tokens, "base_rss_gib": round(_rss_gib(), 3)}
@@ -142,7 +144,8 @@ def cases(args) -> list[dict]:
         for name in args.planners.split(","):
             blocks = [int(b) for b in args.blocks.split(",")] if name == "dcp" else [None]
             for b in blocks:
-                out.append({"planner": name, "tokens": tokens, "devices": devices, "block_size": b, "batch": 0})
+                out.append({"planner": name, "tokens": tokens, "devices": devices, "block_size": b, "batch": 0,
+                            **({"max_tiles": args.max_tiles} if name == "dcp" and args.max_tiles else {})})
     if args.paper_batches:
         out += [{"planner": "dcp", "tokens": 131072, "devices": 32, "block_size": 1024, "batch": i}
                 for i in range(args.paper_batches)]
@@ -157,6 +160,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="1048576")
     ap.add_argument("--devices", default="1024")
     ap.add_argument("--blocks", default="4096,1024", help="dcp block sizes")
+    ap.add_argument("--max-tiles", type=int, default=None,
+                    help="dcp's SearchConfig.hypergraph_max_tiles (default: the library's)")
     ap.add_argument("--paper-batches", type=int, default=5,
                     help="also time dcp on this many 131,072-token batches over 32 devices (B = 1024)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
