@@ -9,7 +9,7 @@ ranks agree before any transfer).
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
-                        InvalidMaskError, PartitionerError, PlanMismatchError, PlanValidationError,
+                        InvalidMaskError, MemoryBudgetError, PartitionerError, PlanMismatchError, PlanValidationError,
                         SerializationError, TooFewBlocksError)
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
 from dcp.plan import Plan
@@ -44,5 +44,5 @@ def __getattr__(name):
 __all__ = ["BatchSpec", "Cluster", "PlannerConfig", "SearchConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
            "GreedyPartitioner", "KaHyParPartitioner", "MtKaHyParPartitioner", "DcpError", "ExecutionError",
            "InvalidBatchError", "InvalidClusterError", "InvalidConfigError", "InvalidMaskError",
-           "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
+           "MemoryBudgetError", "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
            *_LAZY]

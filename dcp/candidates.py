@@ -95,16 +95,23 @@ def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int
 
 def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, cost: CostModel, stage_counts: tuple[int, ...], two_phase: bool,
-             notes: tuple[str, ...] = (), per_direction: tuple[int, int] | None = None) -> Candidate:
+             notes: tuple[str, ...] = (), per_direction: tuple[int, int] | None = None,
+             own: Schedule | None = None) -> Candidate:
     """Schedule a placement at each stage count, per direction keep the one estimated fastest
-    (``per_direction``: one given stage count for the forward and one for the backward instead)."""
+    (``per_direction``: one given stage count for the forward and one for the backward instead).
+    ``own``: a schedule the placement came with (a static plan's; used for both directions, stage
+    count 0) that competes with dcp's."""
     home = np.asarray(home, dtype=np.int64)
     tile_device = np.asarray(tile_device, dtype=np.int64)
     best = {}
     for i, direction in enumerate(("forward", "backward")):
         tt = tile_times(cost, layout, tiles, direction)
-        for s in (stage_counts if per_direction is None else (per_direction[i],)):
-            sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
+        counts = stage_counts if per_direction is None else (per_direction[i],)
+        for s in ((0,) if own is not None else ()) + tuple(c for c in counts if c > 0):
+            if s == 0:
+                sched = Schedule(direction, own.tile_stage, own.routes)
+            else:
+                sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
             ends = estimate_device_ends_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)
             est = float(ends.max(initial=0.0))
             if direction not in best or est < best[direction][0]:

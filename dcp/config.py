@@ -21,6 +21,12 @@ def _default_partitioner() -> Partitioner:
     return MtKaHyParPartitioner(preset="deterministic_quality")
 
 
+def _default_warm_starts() -> tuple:
+    from dcp.warm import default_warm_planners  # the baselines import the planner, which imports this module
+
+    return default_warm_planners()
+
+
 def _numbers(name: str, values, low: float, high: float, integer: bool = False) -> tuple:
     if not isinstance(values, (tuple, list)) or not values:
         raise InvalidConfigError(f"{name} must be a non-empty tuple, got {values!r}")
@@ -60,6 +66,10 @@ class SearchConfig:
     time objective then adds ``token_time_s × (most tokens on one device)``, because the linear layers of
     a training step run on each device's home tokens (0: score attention alone).
 
+    ``warm_starts``: static planners whose placements enter the search as candidates (``dcp.warm``; default
+    every baseline: ring, zigzag, TE a2a+p2p, LoongTrain, Megatron-Core dynamic CP), each skipped when it
+    estimates more than ``warm_start_max_tiles`` tiles. With the time objective only.
+
     ``max_compute_imbalance`` (optional): candidates whose device compute imbalance (max / mean tile
     FLOPs) exceeds it are not considered (when every candidate does, the most balanced one is kept).
     """
@@ -73,6 +83,8 @@ class SearchConfig:
     refine_evaluations: int = 12
     token_time_s: float = 0.0
     hypergraph_max_tiles: int = 4096
+    warm_starts: tuple = field(default_factory=_default_warm_starts)
+    warm_start_max_tiles: int = 20000
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -83,12 +95,21 @@ class SearchConfig:
         for name in ("hypergraph", "aligned_groups"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if not self.hypergraph and not self.pack_epsilons and not self.aligned_groups:
-            raise InvalidConfigError("the search needs candidates: give pack_epsilons, aligned_groups=True or "
-                                     "hypergraph=True")
+        if self.objective != "time":
+            object.__setattr__(self, "warm_starts", ())
+        ws = self.warm_starts
+        if not isinstance(ws, (tuple, list)) or any(not hasattr(p, "static_parts") for p in ws):
+            raise InvalidConfigError(f"warm_starts must be a tuple of static planners (dcp.baselines), got {ws!r}")
+        object.__setattr__(self, "warm_starts", tuple(ws))
+        if not self.hypergraph and not self.pack_epsilons and not self.aligned_groups and not self.warm_starts:
+            raise InvalidConfigError("the search needs candidates: give pack_epsilons, aligned_groups=True, "
+                                     "warm_starts or hypergraph=True")
         tt = self.token_time_s
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
             raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")
+        wt = self.warm_start_max_tiles
+        if not isinstance(wt, int) or isinstance(wt, bool) or wt < 0:
+            raise InvalidConfigError(f"warm_start_max_tiles must be an int >= 0, got {wt!r}")
         mt = self.hypergraph_max_tiles
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
             raise InvalidConfigError(f"hypergraph_max_tiles must be an int >= 0, got {mt!r}")
@@ -117,8 +138,20 @@ class PlannerConfig:
         epsilon_inter: compute (tile FLOPs) imbalance the hypergraph candidate allows between nodes.
         epsilon_intra: compute imbalance it allows between the GPUs of a node. Its device imbalance stays
             below (1 + epsilon_inter)(1 + epsilon_intra), unless a single tile is larger than that slack.
-        epsilon_memory: resident-token imbalance allowed at each level (a single token block larger
-            than the mean share is never split, so small batches may exceed it; see ``plan.stats()``).
+        epsilon_memory: the memory budget: every candidate placement (packings, refinement, the
+            hypergraph partition and the static plans the search starts from) keeps each device's
+            resident (home) tokens within ``(1 + epsilon_memory) x`` the mean. Resident tokens are what
+            every non-attention layer stores activations for, so a faster plan that needs more memory
+            than static CP is not chosen. When no candidate fits (e.g. one token block larger than the
+            budget) the plan holding the fewest tokens on its busiest device is kept with a
+            ``RuntimeWarning`` naming the device, or ``MemoryBudgetError`` with ``strict_memory``.
+        max_tokens_per_device: an explicit cap on resident tokens per device (Megatron's
+            ``max_seqlen_per_rank`` plays this role); the budget is the smaller of the two. None: no cap.
+        transient_budget: the peak bytes of transient buffers (received inputs and partial outputs
+            alive at once, ``dcp.memory``) a device may hold in either direction, as a multiple of the
+            bytes of the attention activations (q, k, v and o) of the budget's tokens; candidates above
+            it are chosen only when none is within it (with the same warning/error). None: no limit.
+        strict_memory: raise ``MemoryBudgetError`` instead of warning when no candidate fits the budget.
         seed: partitioner seed.
         max_stages: rounds of transfers overlapped with compute when the search does not choose them
             (``objective="bytes"`` schedules at this count only).
@@ -139,6 +172,9 @@ class PlannerConfig:
     epsilon_inter: float = 0.045
     epsilon_intra: float = 0.045
     epsilon_memory: float = 0.1
+    max_tokens_per_device: int | None = None
+    transient_budget: float | None = 4.0
+    strict_memory: bool = False
     seed: int = 0
     max_stages: int = 4
     two_phase: bool = True
@@ -154,6 +190,14 @@ class PlannerConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not 0 <= v <= 10:
                 raise InvalidConfigError(f"{name} must be a number in [0, 10], got {v!r}")
+        m = self.max_tokens_per_device
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+            raise InvalidConfigError(f"max_tokens_per_device must be a positive int or None, got {m!r}")
+        tb = self.transient_budget
+        if tb is not None and (not isinstance(tb, (int, float)) or isinstance(tb, bool) or not tb > 0):
+            raise InvalidConfigError(f"transient_budget must be a positive number or None, got {tb!r}")
+        if not isinstance(self.strict_memory, bool):
+            raise InvalidConfigError(f"strict_memory must be True or False, got {self.strict_memory!r}")
         if not isinstance(self.max_stages, int) or self.max_stages < 1:
             raise InvalidConfigError(f"max_stages must be an int >= 1, got {self.max_stages!r}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
@@ -171,6 +215,14 @@ class PlannerConfig:
         if num_kv_heads >= 2 and num_kv_heads % 2 == 0:
             return num_heads // 2
         return None
+
+    def token_budget(self, total_tokens: int, n_devices: int) -> float:
+        """Most resident tokens one device may hold: ``(1 + epsilon_memory) x mean``, or
+        ``max_tokens_per_device`` when smaller."""
+        budget = (1 + self.epsilon_memory) * total_tokens / n_devices
+        if self.max_tokens_per_device is not None:
+            budget = min(budget, float(self.max_tokens_per_device))
+        return budget
 
     @property
     def compute_tolerance(self) -> float:

@@ -44,3 +44,7 @@ class ExecutionError(DcpError, RuntimeError):
 class PlanMismatchError(DcpError, RuntimeError):
     """Ranks of one process group hold different plans (or formed different batches): running would
     exchange mismatched messages, so every rank raises this instead, naming the ranks that differ."""
+
+
+class MemoryBudgetError(DcpError, RuntimeError):
+    """No plan keeps every device within the memory budget (``PlannerConfig.strict_memory=True``)."""

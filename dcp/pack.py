@@ -81,27 +81,37 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
     # weights: a first pass measures it, a second balances against it
     total = seq_w.sum()
     for _ in range(2):
-        groups, shares, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev, cap_t,
-                                              half_extent, overfill_whole)
+        groups, shares, cuts, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev,
+                                                    cap_t, half_extent, overfill_whole, block_size, token_share)
         if load.sum() <= total * (1 + 1e-6):
             break
         total = load.sum()
-    return _packing(spec, groups, shares, block_size, head_block_size, token_share)
+    return _packing(spec, groups, shares, block_size, head_block_size, token_share, cuts)
 
 
 def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluster: Cluster, cap_w: float,
-                   cap_t: float, half_extent: float, overfill_whole: bool = True):
-    """(group, shares) of every sequence and the device loads, greedily (module docstring, step 1)."""
+                   cap_t: float, half_extent: float, overfill_whole: bool = True, block_size: int = 1024,
+                   token_share: np.ndarray | None = None):
+    """(group, shares, cuts) of every sequence and the device loads, greedily (module docstring, step 1).
+    ``cuts[s]``: a split sequence's (block bounds, owners) from ``zigzag_cuts`` (None: whole), cut
+    within the members' token room so that the device tokens it counts are the cut's own."""
     n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
     load, tokens = np.zeros(n_dev), np.zeros(n_dev)
     groups: list[tuple[int, ...]] = [()] * spec.num_seqs
     shares: list[np.ndarray] = [np.ones(1)] * spec.num_seqs
+    cuts: list = [None] * spec.num_seqs
     for s in np.lexsort((np.arange(spec.num_seqs), -seq_t, -seq_w)).tolist():
         w, t = float(seq_w[s]), float(seq_t[s])
-        room = (load + w <= cap_w * (1 + 1e-9)) & (tokens + t <= cap_t * (1 + 1e-9))
+        token_room = tokens + t <= cap_t * (1 + 1e-9)
+        room = (load + w <= cap_w * (1 + 1e-9)) & token_room
         fits_empty = w <= cap_w * (1 + 1e-9) and t <= cap_t * (1 + 1e-9)
-        if room.any() or spec.seqlens[s] <= 2 * MIN_SPLIT_BLOCK or (overfill_whole and fits_empty):
-            cand = np.flatnonzero(room) if room.any() else np.arange(n_dev)
+        short = spec.seqlens[s] <= 2 * MIN_SPLIT_BLOCK
+        # whole where work and tokens fit; past the work cap only onto a device with token room (memory
+        # is a budget, work a preference), or, for a sequence too short to split, the one with fewest tokens
+        if room.any() or short or (token_room.any() and overfill_whole and fits_empty):
+            cand = np.flatnonzero(room) if room.any() else np.flatnonzero(token_room)
+            if cand.size == 0:
+                cand = np.flatnonzero(tokens == tokens.min())
             d = int(cand[np.lexsort((cand, tokens[cand], load[cand]))[0]])
             groups[s] = (d,)
             load[d] += w
@@ -118,18 +128,16 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
         members = _group(room, gpn)
         if members.size:
             share = room[members] / room[members].sum()
-        else:  # not enough room left: water-fill, the least loaded devices up to one common level
+        else:  # not enough room left: water-fill the least loaded devices, each within its token room
             need = w * slow(min(1.0, cap_w / w))
-            level = _water_level(load, need)
-            members = np.flatnonzero(load < level - 1e-12 * max(level, 1.0))
-            if members.size < 2:
-                members = np.sort(np.lexsort((np.arange(n_dev), load))[:2])
-            share = np.maximum(level - load[members], 1e-12)
-            share = share / share.sum()
+            members, share = _capped_water_fill(load, need, np.maximum(cap_t - tokens, 0.0) / t)
         groups[s], shares[s] = tuple(members.tolist()), share
+        tau = 0.0 if token_share is None else float(token_share[s])
+        bounds, owner = cuts[s] = zigzag_cuts(spec.kv_ranges(s), members, share, block_size, tau,
+                                              np.maximum(cap_t - tokens[members], 0.0))
         load[members] += share * w * slow(share)
-        tokens[members] += share * t
-    return groups, shares, load
+        tokens += np.bincount(owner, weights=np.diff(bounds), minlength=n_dev)
+    return groups, shares, cuts, load
 
 
 def pack_aligned(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None,
@@ -162,25 +170,29 @@ def pack_aligned(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_
 
 
 def _packing(spec: BatchSpec, groups, shares, block_size: int, head_block_size: int | None,
-             token_share: np.ndarray | None) -> Packing:
-    """Layout and homes of a packing from each sequence's device group and the members' shares."""
+             token_share: np.ndarray | None, cuts: list | None = None) -> Packing:
+    """Layout and homes of a packing from each sequence's device group and the members' shares (or the
+    split sequences' ``cuts`` when already made)."""
     bounds, homes = [], []
     for s, n in enumerate(spec.seqlens):
         if len(groups[s]) == 1:
-            cuts = uniform_cuts(n, block_size)
-            bounds.append(cuts)
-            homes.append(np.full(cuts.size - 1, groups[s][0], dtype=np.int64))
+            whole = uniform_cuts(n, block_size)
+            bounds.append(whole)
+            homes.append(np.full(whole.size - 1, groups[s][0], dtype=np.int64))
+        elif cuts is not None and cuts[s] is not None:
+            bounds.append(cuts[s][0])
+            homes.append(cuts[s][1])
         else:
             tau = 0.0 if token_share is None else float(token_share[s])
-            cuts, owner = zigzag_cuts(spec.kv_ranges(s), np.asarray(groups[s]), shares[s], block_size, tau)
-            bounds.append(cuts)
+            cuts_s, owner = zigzag_cuts(spec.kv_ranges(s), np.asarray(groups[s]), shares[s], block_size, tau)
+            bounds.append(cuts_s)
             homes.append(owner)
     layout = make_layout(spec, bounds, head_block_size)
     return Packing(layout, enumerate_tiles(spec, layout), np.concatenate(homes), tuple(groups))
 
 
 def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, block_size: int,
-                token_share: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                token_share: float = 0.0, token_caps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Block boundaries ``[0, ..., L]`` of one split sequence and the member owning each block.
 
     Where the mask's work grows along the sequence (causal-like: the second half holds at least 1.5x
@@ -191,8 +203,10 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
     needs the keys of one boundary region instead of two. Cut points are placed on the exact per-token
     work of the mask so that every member's work is its share (for causal masks a zigzag pair's work is
     proportional to its length, so tokens follow the shares too). With ``token_share`` > 0 that fraction
-    of the work is spread evenly over the tokens instead. Strips longer than ``block_size`` are cut into
-    blocks of at most ``block_size`` tokens."""
+    of the work is spread evenly over the tokens instead. ``token_caps[m]``: most tokens member m may
+    take (its room in the memory budget); cuts move to respect them where the work would place more
+    tokens on a member (the first chunks of a sliding window hold less work per token). Strips longer
+    than ``block_size`` are cut into blocks of at most ``block_size`` tokens."""
     seqlen = ranges_tr2.shape[0]
     work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
     half = seqlen // 2
@@ -207,6 +221,8 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
         x = np.arange(half + 1)
         strip = cum[x] + (total - cum[seqlen - x])  # work of [0, x) and [L - x, L)
         xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(strip, target), [half]]).clip(0, half))
+        if token_caps is not None:  # member m < g-1 takes 2 (x_m+1 - x_m) tokens, the last L - 2 x_g-1
+            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 2)
         for m in range(g):
             if m < g - 1:
                 strips = ((xs[m], xs[m + 1]), (seqlen - xs[m + 1], seqlen - xs[m]))
@@ -215,6 +231,8 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
             pieces += [(int(a), int(b), int(members[m])) for a, b in strips if b > a]
     else:
         xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(cum, target), [seqlen]]).clip(0, seqlen))
+        if token_caps is not None:
+            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 1)
         pieces = [(int(xs[m]), int(xs[m + 1]), int(members[m])) for m in range(g) if xs[m + 1] > xs[m]]
     pieces.sort()
     popular = popular_boundaries(ranges_tr2)
@@ -229,6 +247,23 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
     return np.asarray(cuts, dtype=np.int64), np.asarray(owner, dtype=np.int64)
 
 
+def _clamp_cuts(xs: np.ndarray, caps: np.ndarray, seqlen: int, per_step: int) -> np.ndarray:
+    """Cut positions ``xs`` (``[g + 1]``, first 0) moved so that member m's tokens, ``per_step x (x_m+1 -
+    x_m)`` (the last member: all that remains), stay within ``caps[m]`` where the caps allow: each cut at
+    most ``caps[m] / per_step`` past the previous one and far enough that the members after it can hold
+    the rest. When the caps add up to less than the sequence, the rest stays on the last member."""
+    xs = xs.astype(np.int64).copy()
+    g = caps.size
+    after = np.concatenate([np.cumsum(caps[::-1])[::-1][1:], [0.0]])  # caps of the members after m
+    for m in range(g - 1):
+        hi = xs[m] + int(np.floor(caps[m] / per_step))
+        lo = int(np.ceil((seqlen - after[m]) / per_step))
+        xs[m + 1] = max(xs[m], min(max(int(xs[m + 1]), lo), hi))
+    limit = xs[-1]
+    xs[:-1] = np.minimum(xs[:-1], limit)
+    return xs
+
+
 def popular_boundaries(ranges_tr2: np.ndarray, min_share: float = 0.25) -> np.ndarray:
     """Key positions where the ranges of at least ``min_share`` of the queries start or end (the end of
     a lambda mask's sink, a shared question's end): cutting a block there keeps the keys every query
@@ -239,6 +274,32 @@ def popular_boundaries(ranges_tr2: np.ndarray, min_share: float = 0.25) -> np.nd
     count = np.bincount(s[used], minlength=seqlen + 1) + np.bincount(e[used], minlength=seqlen + 1)
     pos = np.flatnonzero(count >= min_share * seqlen)
     return pos[(pos > 0) & (pos < seqlen)]
+
+
+def _capped_water_fill(load: np.ndarray, amount: float, cap_share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(members, shares summing to 1) that pour ``amount`` of work onto the least loaded devices up to
+    one common level, device d taking at most ``cap_share[d]`` of the whole (its token room). When the
+    token room of all devices does not add up to the whole, the caps are dropped (the memory budget
+    cannot be met; the planner reports it)."""
+    n_dev = load.size
+    if cap_share.sum() < 1 - 1e-9:
+        level = _water_level(load, amount)
+        members = np.flatnonzero(load < level - 1e-12 * max(level, 1.0))
+        if members.size < 2:
+            members = np.sort(np.lexsort((np.arange(n_dev), load))[:2])
+        share = np.maximum(level - load[members], 1e-12)
+        return members, share / share.sum()
+    take = lambda level: np.minimum(np.maximum(level - load, 0.0) / amount, cap_share)  # noqa: E731
+    lo, hi = float(load.min()), float(load.max()) + amount
+    for _ in range(100):  # bisection on the level: the taken shares grow monotonically with it
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if take(mid).sum() < 1 else (lo, mid)
+    share = take(hi)
+    members = np.flatnonzero(share > 1e-9)
+    if members.size < 2:
+        members = np.sort(np.lexsort((np.arange(n_dev), -share))[:2])
+    share = np.maximum(share[members], 1e-12)
+    return members, share / share.sum()
 
 
 def _water_level(load: np.ndarray, amount: float) -> float:

@@ -11,11 +11,13 @@ import dataclasses
 import json
 import time
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
 from dcp.assign import SLACK_COST, start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
+from dcp.budget import MemoryBudget, choose_within, report as report_budget, token_note, within_tokens
 from dcp.build import build_program
 from dcp.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.cluster import Cluster
@@ -28,6 +30,20 @@ from dcp.refine import refine_packing
 from dcp.schedule import Routes, Schedule
 from dcp.spec import BatchSpec
 from dcp.validate import validate
+from dcp.warm import warm_candidates
+
+
+class StaticParts(NamedTuple):
+    """A static planner's placement and its own schedule, before programs are built (what ``assemble``
+    takes; dcp's search starts from it, ``dcp.warm``)."""
+
+    layout: BlockLayout
+    tiles: TileSet
+    home: np.ndarray
+    tile_device: np.ndarray
+    tile_stage: np.ndarray
+    routes: Routes
+    notes: tuple[str, ...] = ()
 
 
 class Planner(abc.ABC):
@@ -36,6 +52,15 @@ class Planner(abc.ABC):
     @abc.abstractmethod
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         """A validated plan for this batch on this cluster."""
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
+        """The placement and schedule of a static planner (``NotImplementedError`` for search planners)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        """About how many tiles ``static_parts`` gives (causal masks: an upper bound), without building
+        them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
+        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
 
 
 def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
@@ -54,6 +79,12 @@ def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: Tile
         validate(plan)
         meta["valid"] = True
     return dataclasses.replace(plan, planning_time_s=time.perf_counter() - started, meta=meta)
+
+
+def assemble_static(spec: BatchSpec, cluster: Cluster, parts: StaticParts, planner: str, started: float) -> Plan:
+    """``assemble`` for a static planner's parts (its own schedule in both directions, its notes)."""
+    return assemble(spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, parts.tile_stage,
+                    parts.routes, planner, started, parts.notes)
 
 
 def check_inputs(spec: BatchSpec, cluster: Cluster, config=None) -> None:
@@ -88,11 +119,12 @@ class DCPPlanner(Planner):
         tiles = enumerate_tiles(spec, layout)
         layout, tiles = self._hypergraph_blocks(spec, layout, tiles)
         pending = None
-        if cfg.search.hypergraph:
+        notes: list[str] = []
+        skipped: list[str] = []
+        if cfg.search.hypergraph and not self._hypergraph_misses_budget(spec, cluster, layout, skipped):
             pending = self._start_assign(spec, cluster, layout, tiles, cfg.partitioner, cfg.time_budget_s)
         try:
             cands, packings = self._packings(spec, cluster, layout, tiles)
-            notes: list[str] = []
             if pending is not None:
                 job, pending = pending, None
                 try:
@@ -102,13 +134,29 @@ class DCPPlanner(Planner):
         finally:
             if pending is not None:  # an error before the partitioner's result was taken
                 pending.cancel()
-        cands = self._widen(spec, cluster, cands)
-        best = choose(cands, cfg)
+        warm_names = []
+        if cfg.search.warm_starts:
+            warm, warm_groups, warm_skipped = warm_candidates(spec, cluster, cfg.search.warm_starts, cfg.cost_model,
+                                                         self._stage_counts(), cfg.two_phase,
+                                                         cfg.search.warm_start_max_tiles)
+            seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
+            for cand in warm:
+                if not any(same_placement(c, cand.layout, cand.home) for c in cands):
+                    cands.append(cand)
+                    packings[cand.label] = (warm_groups[cand.label], seq_w)
+                warm_names.append(cand.label[5:-1])
+            skipped += [f"warm start {w}" for w in warm_skipped]
+        budget = MemoryBudget.of(spec, cluster, cfg)
+        cands = self._widen(spec, cluster, cands, budget)
+        best, memory_notes = choose(cands, cfg, budget, spec, cluster.n_devices)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
-            best = self._refine(spec, cluster, best, cands, *packings[best.label])
+            best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label], budget)
+        report_budget(memory_notes, budget)
         plan = assemble(spec, cluster, best.layout, best.tiles, best.home, best.tile_device,
                         best.forward.tile_stage, best.forward.routes, self.name, started,
-                        tuple(notes) + best.notes, backward=best.backward)
+                        tuple(notes) + best.notes + tuple(memory_notes), backward=best.backward)
+        plan.meta.update(search_warm_starts=",".join(warm_names), search_skipped="; ".join(skipped),
+                         token_budget=round(budget.tokens, 3))
         plan.meta.update(search_objective=cfg.search.objective, search_chosen=best.label,
                          est_forward_ms=round(best.forward_s * 1e3, 5), est_backward_ms=round(best.backward_s * 1e3, 5),
                          search_candidates=json.dumps({c.label: c.summary() for c in cands}, sort_keys=True))
@@ -128,6 +176,24 @@ class DCPPlanner(Planner):
             tiles = enumerate_tiles(spec, layout)
         return layout, tiles
 
+    def _hypergraph_misses_budget(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
+                                  skipped: list[str]) -> bool:
+        """Whether the time search skips the hypergraph candidate: its homes are whole token blocks, so
+        when a block is larger than the memory budget's slack over the mean it can rarely keep every
+        device within the budget (packings cut sequences at any token) and would cost the most planning
+        time for a candidate the budget then rejects. Other candidates must exist."""
+        cfg, search = self.config, self.config.search
+        if search.objective != "time" or not (search.pack_epsilons or search.aligned_groups or search.warm_starts):
+            return False
+        mean = spec.total_tokens / cluster.n_devices
+        slack = cfg.token_budget(spec.total_tokens, cluster.n_devices) - mean
+        block = int(layout.tb_len.max())
+        if block <= slack:
+            return False
+        skipped.append(f"hypergraph: its {block}-token blocks exceed the memory budget's slack of "
+                     f"{slack:.0f} tokens per device (epsilon_memory={cfg.epsilon_memory:g})")
+        return True
+
     def _stage_counts(self) -> tuple[int, ...]:
         """Stage counts every candidate is first scheduled at: the middle of the search's (the two best
         candidates then get the rest, ``_widen``), or ``max_stages`` for the bytes objective."""
@@ -137,30 +203,31 @@ class DCPPlanner(Planner):
             return (cfg.max_stages,)
         return (counts[len(counts) // 2],) if len(counts) > 2 else counts
 
-    def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate]) -> list[Candidate]:
-        """The two candidates estimated fastest, scheduled at every stage count of the search."""
+    def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget) -> list[Candidate]:
+        """The two candidates estimated fastest (of those within the token budget), scheduled at every
+        stage count of the search."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
-        ranked = sorted(range(len(cands)), key=lambda i: cands[i].step_s(cfg.search.token_time_s))
+        fits = {id(c) for c in within_tokens(cands, budget)[0]}
+        ranked = sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
+                        key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
         for i in ranked[:2]:
             out[i] = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
         return out
 
     def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
-                weights) -> Candidate:
-        """Refine the chosen packing (``dcp.refine``); it stays chosen only if it still wins."""
+                weights, budget: MemoryBudget) -> tuple[Candidate, list[str]]:
+        """Refine the chosen packing or warm start (``dcp.refine``) within the token budget; it stays
+        chosen only if it still wins."""
         cfg = self.config
-        tokens = np.bincount(best.home, weights=best.layout.tb_len, minlength=cluster.n_devices)
-        cap = max(float(tokens.max()), (1 + cfg.epsilon_memory) * spec.total_tokens / cluster.n_devices)
+        cap = max(float(best.max_tokens), budget.tokens)
         refined = refine_packing(best, groups, weights, spec, cluster, cfg.cost_model, cfg.two_phase, cap,
                                  cfg.search.refine_evaluations, token_time_s=cfg.search.token_time_s)
-        if refined is best:
-            return best
-        refined = dataclasses.replace(refined, label=best.label + "+refined")
-        cands.append(refined)
-        return choose(cands, cfg)
+        if refined is not best:
+            cands.append(dataclasses.replace(refined, label=best.label + "+refined"))
+        return choose(cands, cfg, budget, spec, cluster.n_devices)
 
     def _packings(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                   tiles: TileSet) -> tuple[list[Candidate], dict]:
@@ -182,11 +249,12 @@ class DCPPlanner(Planner):
             token_work = token_s * np.asarray(spec.seqlens, dtype=float)
             weightings.append((",tokens", attention + token_work, token_work / np.maximum(attention + token_work, 1e-300)))
         weights, token_part = weightings[-1][1], weightings[-1][2]
+        budget_eps = cfg.token_budget(spec.total_tokens, cluster.n_devices) * cluster.n_devices / spec.total_tokens - 1
         for suffix, w, part in weightings:
             for eps in epsilons:
-                # memory may follow the compute tolerance, unless the tokens' own work is scored: then
-                # the tolerance tightens memory too (the linear layers wait for the device with the most)
-                mem_eps = min(eps, cfg.epsilon_memory) if token_s > 0 else cfg.epsilon_memory + eps
+                # memory stays within the budget; when the tokens' own work is scored, the compute
+                # tolerance tightens it further (the linear layers wait for the device with the most)
+                mem_eps = min(eps, budget_eps) if token_s > 0 else budget_eps
                 pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, mem_eps, w,
                           cfg.cost_model.profile.half_rows, part, overfill_whole=token_s == 0)
                 if any(same_placement(c, pk.layout, pk.home) for c in out):
@@ -208,9 +276,13 @@ class DCPPlanner(Planner):
         balancing exact work (FLOPs): the executors run each stage as one fused call whose speed depends on
         merged extents, not on how finely tiles are cut."""
         cfg = self.config
+        # memory is balanced at two levels (nodes, then the GPUs of each): each gets the square root of the
+        # budget's slack so that a device stays within it
+        budget = cfg.token_budget(spec.total_tokens, cluster.n_devices) * cluster.n_devices / spec.total_tokens
+        per_level = float(np.sqrt(max(budget, 1.0))) - 1 if cluster.nodes > 1 else budget - 1
         return start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
                             cluster.gpus_per_node, partitioner, cfg.epsilon_inter, cfg.epsilon_intra,
-                            cfg.epsilon_memory, cfg.seed, time_budget_s)
+                            max(per_level, 0.0), cfg.seed, time_budget_s)
 
     def _hypergraph(self, spec, cluster, layout, tiles, pending, notes: list[str], others: bool) -> Candidate:
         cfg = self.config
@@ -235,20 +307,34 @@ class _Dropped(Exception):
     """Internal: the hypergraph candidate was dropped (its note is recorded)."""
 
 
-def choose(cands: list[Candidate], cfg: PlannerConfig) -> Candidate:
-    """The candidate ``cfg.search`` asks for (``SearchConfig``); ties go to the earlier candidate."""
+def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | None = None, spec=None,
+           n_devices: int = 0) -> tuple[Candidate, list[str]]:
+    """The candidate ``cfg.search`` asks for (``SearchConfig``) among those within the memory budget
+    (``dcp.budget``; ties go to the earlier candidate), and the notes saying where it is over budget."""
+    notes: list[str] = []
+    if budget is not None:
+        cands, ok = within_tokens(cands, budget)
+        if not ok:
+            notes.append(token_note(cands[0], budget, n_devices))
     search = cfg.search
     cap = search.max_compute_imbalance
     if search.objective == "bytes":
         cap = cfg.compute_tolerance if cap is None else min(cap, cfg.compute_tolerance)
     fits = [c for c in cands if cap is None or c.compute_imbalance <= cap * (1 + 1e-9)]
     if not fits:
-        return min(cands, key=lambda c: c.compute_imbalance)
-    if search.objective == "bytes":  # the fewest bytes; within 3 % of them, the better balanced
+        ranked = sorted(cands, key=lambda c: c.compute_imbalance)
+    elif search.objective == "bytes":  # the fewest bytes; within 3 % of them, the better balanced
         fewest = min(c.comm_bytes for c in fits)
         near = [c for c in fits if c.comm_bytes <= (1 + SLACK_COST) * fewest]
-        return min(near, key=lambda c: (c.compute_imbalance, c.comm_bytes))
-    return min(fits, key=lambda c: c.step_s(search.token_time_s))
+        ranked = sorted(near, key=lambda c: (c.compute_imbalance, c.comm_bytes))
+    else:
+        ranked = sorted(fits, key=lambda c: c.step_s(search.token_time_s))
+    if budget is None:
+        return ranked[0], notes
+    best, more = choose_within(ranked, budget, spec, n_devices)
+    if not ok:
+        notes[0] = token_note(best, budget, n_devices)
+    return best, notes + more
 
 
 def plan(spec: BatchSpec, cluster: Cluster, config: PlannerConfig | None = None) -> Plan:

@@ -31,6 +31,8 @@ def refine_packing(cand: Candidate, groups: tuple[tuple[int, ...], ...], seq_wei
     whole = np.array([len(g) == 1 for g in groups])
     seq_tokens = np.asarray(spec.seqlens, dtype=float)
     best, evaluations = cand, 0
+    # a moved placement is scheduled by dcp (a static plan's own schedule, stage count 0, no longer fits it)
+    stages = tuple(s if s > 0 else 4 for s in cand.stages)
     while evaluations < max_evaluations:
         ends = best.forward_ends + best.backward_ends
         seq_dev = best.home[lay.seq_tb_ptr[:-1]]
@@ -51,7 +53,7 @@ def refine_packing(cand: Candidate, groups: tuple[tuple[int, ...], ...], seq_wei
                 home = best.home.copy()
                 home[lay.seq_tb_ptr[s]:lay.seq_tb_ptr[s + 1]] = d
                 trial = evaluate(best.label, spec, cluster, lay, best.tiles, home, home[best.tiles.q_tb], cost, (),
-                                 two_phase, best.notes, per_direction=best.stages)
+                                 two_phase, best.notes, per_direction=stages)
                 evaluations += 1
                 if trial.step_s(token_time_s) < best.step_s(token_time_s) * (1 - 1e-9):
                     best, improved = trial, True

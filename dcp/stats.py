@@ -17,7 +17,10 @@ class PlanStats:
     ``max_device_comm_bytes``: the largest bytes sent plus received by one device;
     ``compute_imbalance``: max / mean of forward tile FLOPs per device (backward FLOPs are 2.5× per tile,
     the same ratio); ``memory_imbalance``: max / mean resident (home) tokens per device; ``warnings``:
-    what a user should know before running the plan (e.g. idle devices).
+    what a user should know before running the plan (e.g. idle devices). Memory (``dcp.memory``):
+    ``max_resident_tokens``/``mean_resident_tokens``: home tokens per device; ``peak_transient_bytes_<dir>``:
+    the largest over devices of a direction's peak transient buffer bytes (received inputs, accumulators
+    of units homed elsewhere, received partials); the ``*_per_device`` tuples hold every device's value.
     """
 
     planner: str
@@ -36,6 +39,13 @@ class PlanStats:
     rounds_forward: int
     valid: bool
     warnings: tuple[str, ...] = ()
+    max_resident_tokens: int = 0
+    mean_resident_tokens: float = 0.0
+    peak_transient_bytes_forward: int = 0
+    peak_transient_bytes_backward: int = 0
+    resident_tokens_per_device: tuple[int, ...] = ()
+    peak_transient_per_device_forward: tuple[int, ...] = ()
+    peak_transient_per_device_backward: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +60,7 @@ def transfer_table(plan: Plan, direction: str) -> np.ndarray:
 
 def plan_stats(plan: Plan) -> PlanStats:
     from dcp.errors import PlanValidationError
+    from dcp.memory import memory_report
     from dcp.validate import validate
 
     n = plan.n_devices
@@ -66,6 +77,9 @@ def plan_stats(plan: Plan) -> PlanStats:
             rounds_fwd = int(t[:, 2].max())
     flops = np.bincount(plan.tile_device, weights=plan.tiles.fwd_flops, minlength=n)
     tokens = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=n)
+    mem = memory_report(plan)
+    res, peak_f, peak_b = (mem[k] for k in ("resident_tokens", "peak_transient_bytes_forward",
+                                             "peak_transient_bytes_backward"))
     valid = plan.meta.get("valid")
     if valid is None:
         try:
@@ -87,4 +101,8 @@ def plan_stats(plan: Plan) -> PlanStats:
         max_device_comm_bytes=int(per_dev.max()) if n else 0,
         compute_imbalance=float(flops.max() / flops.mean()) if flops.sum() > 0 else 1.0,
         memory_imbalance=float(tokens.max() / tokens.mean()) if tokens.sum() > 0 else 1.0,
-        idle_devices=idle, rounds_forward=rounds_fwd, valid=bool(valid), warnings=tuple(notes))
+        idle_devices=idle, rounds_forward=rounds_fwd, valid=bool(valid), warnings=tuple(notes),
+        max_resident_tokens=int(res.max(initial=0)), mean_resident_tokens=float(res.mean()) if n else 0.0,
+        peak_transient_bytes_forward=int(peak_f.max(initial=0)), peak_transient_bytes_backward=int(peak_b.max(initial=0)),
+        resident_tokens_per_device=tuple(res.tolist()), peak_transient_per_device_forward=tuple(peak_f.tolist()),
+        peak_transient_per_device_backward=tuple(peak_b.tolist()))

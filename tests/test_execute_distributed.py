@@ -43,7 +43,7 @@ def _build(world: int, family: str, nodes: int = 1, dtype: str = "float64", seql
     spec = BatchSpec(list(seqlens), masks, 4, 2, 8, dtype=dtype)
     # the hypergraph candidate alone: it moves data on these small batches (a packing would not)
     cfg = PlannerConfig(block_size=3, head_block_size=2, partitioner=GreedyPartitioner(), time_budget_s=None,
-                        search=SearchConfig(pack_epsilons=(), aligned_groups=False))
+                        search=SearchConfig(pack_epsilons=(), aligned_groups=False, warm_starts=()))
     return plan(spec, Cluster(nodes, world // nodes), cfg)
 
 

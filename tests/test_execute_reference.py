@@ -281,7 +281,7 @@ def _multi_device_plan():
     seqlens = [21, 14, 9]
     # the hypergraph candidate alone: these sequences fit whole on devices, so a packing moves nothing
     return build(seqlens, [mask_for("causal", n, rng) for n in seqlens], 4, 2, 8, (2, 2), 3, 2,
-                 search=SearchConfig(pack_epsilons=(), aligned_groups=False))
+                 search=SearchConfig(pack_epsilons=(), aligned_groups=False, warm_starts=()))
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])

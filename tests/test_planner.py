@@ -15,7 +15,7 @@ from dcp.validate_reference import validate_reference
 from _breakers import BREAKERS
 from _budget import n_examples
 
-HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=(), aligned_groups=False)
+HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, warm_starts=())
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None, search=HYPERGRAPH_ONLY)
 
 
@@ -210,16 +210,16 @@ def test_partitioner_timeout_falls_back_with_warning():
 def test_timed_out_partitioner_leaves_the_packings():
     """With packings to choose from, a partitioner past its budget only drops the hypergraph candidate."""
     spec = dcp.BatchSpec([500, 700], M.CausalMask(), 2, 1, 8)
-    cfg = dcp.PlannerConfig(block_size=64, partitioner=_SlowPartitioner(), time_budget_s=0.5)
+    cfg = dcp.PlannerConfig(block_size=64, partitioner=_SlowPartitioner(), time_budget_s=0.5, epsilon_memory=0.5)
     with pytest.warns(RuntimeWarning, match="budget"):
         plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
     assert plan.stats().valid and any("dropped" in n for n in plan.notes)
-    assert plan.meta["search_chosen"].startswith("pack") and "hypergraph" not in plan.meta["search_candidates"]
+    assert plan.meta["search_chosen"].startswith(("pack", "warm")) and "hypergraph" not in plan.meta["search_candidates"]
 
 
 def test_partitioner_failure_falls_back_with_warning():
     spec = dcp.BatchSpec([500, 700], M.CausalMask(), 2, 1, 8)
-    cfg = dcp.PlannerConfig(block_size=64, partitioner=_FailingPartitioner(), time_budget_s=20)
+    cfg = dcp.PlannerConfig(block_size=64, partitioner=_FailingPartitioner(), time_budget_s=20, epsilon_memory=0.5)
     with pytest.warns(RuntimeWarning, match="boom"):
         plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
     assert plan.stats().valid

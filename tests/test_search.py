@@ -188,12 +188,17 @@ def test_estimate_is_exact_without_communication():
 
 def test_the_chosen_candidate_has_the_least_estimated_time():
     spec = dcp.BatchSpec(lognormal_lengths(5, 80000), M.CausalMask(), 8, 2, 128)
-    plan = dcp.plan(spec, dcp.Cluster(2, 4), dcp.PlannerConfig(**FAST))
+    # a loose memory budget (the hypergraph's 1024-token blocks fit its slack) and no transient limit: the
+    # fastest candidate within the token budget is chosen
+    cfg = dcp.PlannerConfig(epsilon_memory=0.5, transient_budget=None, **FAST)
+    plan = dcp.plan(spec, dcp.Cluster(2, 4), cfg)
     cands = json.loads(plan.meta["search_candidates"])
-    assert {"hypergraph", "pack(eps=0)"} <= set(cands)
-    total = {k: v["forward_ms"] + v["backward_ms"] for k, v in cands.items()}
+    assert {"hypergraph", "pack(eps=0)", "warm(ring)", "warm(megatron_dyncp)"} <= set(cands)
+    budget = plan.meta["token_budget"]
+    total = {k: v["forward_ms"] + v["backward_ms"] for k, v in cands.items() if v["max_tokens"] <= budget}
     chosen = plan.meta["search_chosen"]
     assert total[chosen] == pytest.approx(min(total.values()))
+    assert plan.stats().memory_imbalance <= 1.5 + 1e-9
     assert plan.meta["est_forward_ms"] + plan.meta["est_backward_ms"] == pytest.approx(total[chosen], rel=1e-4)
 
 
@@ -250,7 +255,8 @@ def test_refinement_never_makes_the_estimate_worse():
 
 
 @pytest.mark.parametrize("bad", [dict(objective="speed"), dict(pack_epsilons=(-0.1,)), dict(stage_counts=()),
-                                 dict(stage_counts=(0,)), dict(pack_epsilons=(), hypergraph=False, aligned_groups=False),
+                                 dict(stage_counts=(0,)),
+                                 dict(pack_epsilons=(), hypergraph=False, aligned_groups=False, warm_starts=()),
                                  dict(max_compute_imbalance=0.5), dict(refine_evaluations=-1),
                                  dict(token_time_s=-1.0), dict(hypergraph="yes")])
 def test_bad_search_config_is_refused(bad):
@@ -284,8 +290,8 @@ def test_popular_key_positions_get_their_own_block():
 
 def test_hypergraph_candidate_coarsens_blocks_on_big_batches():
     spec = dcp.BatchSpec([40000], M.CausalMask(), 8, 2, 128)
-    cfg = dcp.PlannerConfig(search=dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, hypergraph_max_tiles=500),
-                            **FAST)
+    only = dict(pack_epsilons=(), aligned_groups=False, warm_starts=())
+    cfg = dcp.PlannerConfig(search=dcp.SearchConfig(**only, hypergraph_max_tiles=500), **FAST)
     plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
     assert plan.tiles.n_tiles <= 500 < dcp.plan(spec, dcp.Cluster(1, 4), dcp.PlannerConfig(
-        search=dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, hypergraph_max_tiles=0), **FAST)).tiles.n_tiles
+        search=dcp.SearchConfig(**only, hypergraph_max_tiles=0), **FAST)).tiles.n_tiles

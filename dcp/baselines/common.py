@@ -101,6 +101,14 @@ class BlockBuilder:
         return group_layout(self.layout(head_block_size), piece_block), used, base[first], size[first]
 
 
+def causal_tiles(seqlens, chunks: int, parts: int = 1) -> int:
+    """Tiles of a layout cutting each sequence into ``chunks`` chunks of ``parts`` blocks each (at most one
+    block per token) if every block saw itself and every earlier block of its sequence (a causal mask):
+    the static baselines' size, known before their blocks are built."""
+    nb = np.minimum(np.asarray(seqlens, dtype=np.int64), chunks * parts)
+    return int((nb * (nb + 1) // 2).sum())
+
+
 #: ``shards=None`` (auto) groups a static baseline's blocks per device above this many estimated tiles
 SHARD_TILES = 4_000_000
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.baselines.common import check_shards, shard_note
-from dcp.baselines.te_a2a_p2p import a2a_head_block_size, hierarchical_parts
+from dcp.baselines.te_a2a_p2p import a2a_head_block_size, hierarchical_parts, hierarchical_tiles
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
 from dcp.plan import Plan
-from dcp.planner import Planner, assemble, check_inputs
+from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -72,9 +72,15 @@ class LoongTrainPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
+        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         hp, inner = self.degrees(spec, cluster)
         parts = hierarchical_parts(spec, cluster.n_devices, hp, inner, self.shards)
         cp = cluster.n_devices // hp
         notes = (f"loongtrain: head parallel {hp}, context parallel {cp} (inner rings of {inner}, "
                  f"outer ring of {cp // inner})", *shard_note(self.name, parts[0]))
-        return assemble(spec, cluster, *parts, self.name, started, notes)
+        return StaticParts(*parts, notes)
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        return hierarchical_tiles(spec.seqlens, cluster.n_devices, self.degrees(spec, cluster)[0])

@@ -20,7 +20,7 @@ from dcp.baselines.zigzag import add_zigzag
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
 from dcp.plan import Plan
-from dcp.planner import Planner, assemble, check_inputs
+from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -69,9 +69,19 @@ class MegatronDynCPPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
+        plan = assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+        base, cps = self._groups(spec, cluster)
+        plan.meta.update(cp_size=cps.tolist(), cp_base=base.tolist())
+        return plan
+
+    def _groups(self, spec: BatchSpec, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+        """(first device, CP size) of every sequence's group."""
         p = cluster.n_devices
-        cap = self.max_seqlen_per_rank or -(-spec.total_tokens // p)
-        base, cps = pack_groups(spec.seqlens, cap, p)
+        return pack_groups(spec.seqlens, self.max_seqlen_per_rank or -(-spec.total_tokens // p), p)
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
+        p = cluster.n_devices
+        base, cps = self._groups(spec, cluster)
         builder = BlockBuilder(spec)
         for n, b, cp in zip(spec.seqlens, base.tolist(), cps.tolist()):
             add_zigzag(builder, n, b, cp)
@@ -81,6 +91,8 @@ class MegatronDynCPPlanner(Planner):
         if p & (p - 1):
             notes.append(f"megatron_dyncp: {p} devices is not a power of two; CP groups are capped at "
                          f"{1 << (p.bit_length() - 1)}")
-        plan = assemble(spec, cluster, *parts, self.name, started, tuple(notes))
-        plan.meta.update(cp_size=cps.tolist(), cp_base=base.tolist())
-        return plan
+        return StaticParts(*parts, tuple(notes))
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        nb = np.minimum(np.asarray(spec.seqlens, dtype=np.int64), 2 * self._groups(spec, cluster)[1])
+        return int((nb * (nb + 1) // 2).sum())

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dcp.baselines.common import BlockBuilder, check_shards, near_equal_chunks, plan_ring, shard_note
+from dcp.baselines.common import BlockBuilder, causal_tiles, check_shards, near_equal_chunks, plan_ring, shard_note
 from dcp.cluster import Cluster
 from dcp.plan import Plan
-from dcp.planner import Planner, assemble, check_inputs
+from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -37,6 +37,9 @@ class RingPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
+        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         p = cluster.n_devices
         builder = BlockBuilder(spec)
         for n in spec.seqlens:
@@ -45,5 +48,7 @@ class RingPlanner(Planner):
         parts = plan_ring(spec, builder, shards=self.shards)
         notes = ("ring: sequences shorter than the device count leave some devices without a chunk",) \
             if min(spec.seqlens) < p else ()
-        notes += shard_note(self.name, parts[0])
-        return assemble(spec, cluster, *parts, self.name, started, notes)
+        return StaticParts(*parts, notes + shard_note(self.name, parts[0]))
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        return causal_tiles(spec.seqlens, cluster.n_devices)

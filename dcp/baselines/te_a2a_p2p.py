@@ -20,14 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.baselines.common import (BlockBuilder, check_shards, near_equal_chunks, near_equal_parts, relay_schedule,
-                                  shard_note, zigzag_device)
+from dcp.baselines.common import (BlockBuilder, causal_tiles, check_shards, near_equal_chunks, near_equal_parts,
+                                  relay_schedule, shard_note, zigzag_device)
 from dcp.baselines.zigzag import zigzag_parts
 from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
 from dcp.plan import Plan
-from dcp.planner import Planner, assemble, check_inputs
+from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -40,6 +40,14 @@ def a2a_head_block_size(spec: BatchSpec, gpus: int) -> int | None:
     except InvalidConfigError:
         return None
     return spec.num_heads // gpus
+
+
+def hierarchical_tiles(seqlens, n_devices: int, hp: int) -> int:
+    """Tiles of ``hierarchical_parts`` under causal masks (about): zigzag chunks over the cp ranks, each
+    cut into ``hp`` parts, times ``hp`` head blocks."""
+    if hp == 1:
+        return causal_tiles(seqlens, 2 * n_devices)
+    return causal_tiles(seqlens, 2 * (n_devices // hp), hp) * hp
 
 
 def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int, shards: bool | None = False):
@@ -85,11 +93,23 @@ class TEA2AP2PPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
+        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+
+    def _head_parallel(self, spec: BatchSpec, cluster: Cluster) -> int:
+        """GPUs per all-to-all group: the node's, or 1 (a zigzag ring) when the heads cannot be split."""
         g = cluster.gpus_per_node
-        if g > 1 and a2a_head_block_size(spec, g) is None:
+        return 1 if g > 1 and a2a_head_block_size(spec, g) is None else g
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
+        g = cluster.gpus_per_node
+        if self._head_parallel(spec, cluster) != g:
             note = (f"te_a2a_p2p: {spec.num_heads} query heads ({spec.num_kv_heads} KV heads) cannot be split "
                     f"over {g} GPUs for the all-to-all; fell back to a p2p zigzag ring over all devices")
             parts = zigzag_parts(spec, cluster.n_devices, self.shards)
-            return assemble(spec, cluster, *parts, self.name, started, (note, *shard_note(self.name, parts[0])))
+            return StaticParts(*parts, (note, *shard_note(self.name, parts[0])))
         parts = hierarchical_parts(spec, cluster.n_devices, g, 1, self.shards)
-        return assemble(spec, cluster, *parts, self.name, started, shard_note(self.name, parts[0]))
+        return StaticParts(*parts, shard_note(self.name, parts[0]))
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        hp = self._head_parallel(spec, cluster)
+        return hierarchical_tiles(spec.seqlens, cluster.n_devices, hp)

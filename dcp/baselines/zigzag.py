@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dcp.baselines.common import BlockBuilder, check_shards, near_equal_chunks, plan_ring, shard_note, zigzag_device
+from dcp.baselines.common import (BlockBuilder, causal_tiles, check_shards, near_equal_chunks, plan_ring, shard_note,
+                                  zigzag_device)
 from dcp.cluster import Cluster
 from dcp.plan import Plan
-from dcp.planner import Planner, assemble, check_inputs
+from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -46,9 +47,14 @@ class ZigzagPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
+        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         p = cluster.n_devices
         parts = zigzag_parts(spec, p, self.shards)
         notes = ("zigzag: sequences shorter than 2x the device count leave some chunks empty",) \
             if min(spec.seqlens) < 2 * p else ()
-        notes += shard_note(self.name, parts[0])
-        return assemble(spec, cluster, *parts, self.name, started, notes)
+        return StaticParts(*parts, notes + shard_note(self.name, parts[0]))
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        return causal_tiles(spec.seqlens, 2 * cluster.n_devices)

@@ -1,0 +1,69 @@
+"""Static plans as starting points of dcp's search.
+
+Every static baseline (ring, zigzag, TransformerEngine a2a+p2p, LoongTrain, Megatron-Core dynamic CP) is a
+placement in dcp's IR: a block layout, the home of every token block, the device of every tile. dcp's
+search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule and dcp's
+schedules at the search's stage counts compete per direction (``dcp.candidates.evaluate``), and a chosen
+warm start is refined like a packing (whole sequences moved off the device estimated to finish last,
+``dcp.refine``). So dcp's estimated time is never above the best of the static plans it starts from —
+within the memory budget, which is applied to every candidate alike.
+
+A warm start is skipped when its planner estimates more than ``SearchConfig.warm_start_max_tiles`` tiles
+(static plans cut every sequence over every device, so on large clusters their tile tables grow with
+P^2 per sequence, and scheduling them would dominate planning; such plans are also far from the best on
+those clusters), or when its planner cannot plan the batch (e.g. heads that do not divide); the plan's
+``meta["search_warm_starts"]`` names those that entered, ``meta["search_warm_skipped"]`` the others.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dcp.candidates import Candidate, evaluate
+from dcp.cluster import Cluster
+from dcp.errors import DcpError
+from dcp.spec import BatchSpec
+
+
+def default_warm_planners() -> tuple:
+    """One instance of every static baseline, per-sequence blocks (the search's warm starts)."""
+    from dcp.baselines import (LoongTrainPlanner, MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner,
+                               ZigzagPlanner)
+
+    return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
+            LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
+
+
+def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_counts: tuple[int, ...],
+                    two_phase: bool, max_tiles: int) -> tuple[list[Candidate], dict, list[str]]:
+    """(candidates, groups per label for refinement, skipped planners with the reason) of ``planners``."""
+    out: list[Candidate] = []
+    groups: dict = {}
+    skipped: list[str] = []
+    for planner in planners:
+        name = planner.name
+        try:
+            n_tiles = planner.estimated_tiles(spec, cluster)
+            if n_tiles > max_tiles:
+                skipped.append(f"{name} (~{n_tiles} tiles > {max_tiles})")
+                continue
+            parts = planner.static_parts(spec, cluster)
+        except (DcpError, ValueError) as err:
+            skipped.append(f"{name} ({type(err).__name__}: {err})")
+            continue
+        if parts.layout.grouped:  # a grouped layout is the plan a ring runs, not a placement to search from
+            skipped.append(f"{name} (grouped shards)")
+            continue
+        label = f"warm({name})"
+        cand = evaluate(label, spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost,
+                        stage_counts, two_phase, notes=(f"dcp's search started from {name}'s placement",),
+                        own=parts)
+        out.append(cand)
+        groups[label] = sequence_groups(cand)
+    return out, groups, skipped
+
+
+def sequence_groups(cand: Candidate) -> tuple[tuple[int, ...], ...]:
+    """The devices homing each sequence's token blocks (one device: a whole sequence ``dcp.refine`` may
+    move)."""
+    ptr = cand.layout.seq_tb_ptr
+    return tuple(tuple(np.unique(cand.home[ptr[s]:ptr[s + 1]]).tolist()) for s in range(ptr.size - 1))
