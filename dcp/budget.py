@@ -50,14 +50,23 @@ def device_tokens(cand, n_devices: int) -> np.ndarray:
     return np.bincount(cand.home, weights=cand.layout.tb_len, minlength=n_devices)
 
 
-def candidate_transient(cand, spec, n_devices: int) -> np.ndarray:
-    """Peak transient bytes per device, the larger of the two directions (``dcp.memory``)."""
+def candidate_programs(cand, spec, cluster):
+    """The candidate as an unvalidated ``Plan`` (its forward and backward programs built)."""
     from dcp.build import build_program
+    from dcp.plan import Plan
+
+    return Plan(spec, cluster, cand.layout, cand.tiles, np.asarray(cand.home, dtype=np.int32),
+                np.asarray(cand.tile_device, dtype=np.int32),
+                build_program("forward", cand.forward.tile_stage, cand.forward.routes),
+                build_program("backward", cand.backward.tile_stage, cand.backward.routes), "candidate", 0.0, ())
+
+
+def plan_transient(plan) -> np.ndarray:
+    """Peak transient bytes per device of a plan, the larger of the two directions (``dcp.memory``)."""
     from dcp.memory import transient_peak_bytes
 
-    peaks = [transient_peak_bytes(spec, cand.layout, build_program(d, s.tile_stage, s.routes), cand.tile_device,
-                                  cand.home, n_devices, cand.tiles)
-             for d, s in (("forward", cand.forward), ("backward", cand.backward))]
+    peaks = [transient_peak_bytes(plan.spec, plan.layout, plan.columns(d), plan.tile_device, plan.home,
+                                  plan.n_devices, plan.tiles) for d in ("forward", "backward")]
     return np.maximum(*peaks)
 
 
@@ -71,21 +80,41 @@ def within_tokens(cands: list, budget: MemoryBudget) -> tuple[list, bool]:
     return [c for c in cands if c.max_tokens <= least * 1.01], False
 
 
-def choose_within(ranked: list, budget: MemoryBudget, spec, n_devices: int) -> tuple[object, list[str]]:
-    """The first of ``ranked`` (fastest first, all within the token budget or the least over it) whose
-    transient peak fits, checking at most ``TRANSIENT_CHECKS``; else the one of those with the smallest
-    peak. Returns it and the notes to report."""
-    if budget.transient_bytes is None:
+def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_top: int = 0,
+         token_time_s: float = 0.0) -> tuple[object, list[str]]:
+    """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
+    or the least over it). The first ``max(simulate_top, TRANSIENT_CHECKS)`` have their programs built:
+    those within the transient budget compete by simulated time (``dcp.sim``, the first ``simulate_top``;
+    0: the estimate's order stands), so the plan's time is its simulated time, not an estimate; when none
+    of them is within the transient budget, the one with the smallest peak stands (with a note)."""
+    if budget.transient_bytes is None and simulate_top <= 1:
         return ranked[0], []
-    checked = []
-    for cand in ranked[:TRANSIENT_CHECKS]:
-        peak = candidate_transient(cand, spec, n_devices)
-        if peak.max(initial=0) <= budget.transient_bytes * (1 + 1e-9):
-            return cand, []
-        checked.append((int(peak.max()), int(np.argmax(peak)), cand))
+    checked, fits = [], []
+    for i, cand in enumerate(ranked[:max(simulate_top, TRANSIENT_CHECKS)]):
+        plan = candidate_programs(cand, spec, cluster)
+        peak = plan_transient(plan) if budget.transient_bytes is not None else np.zeros(1)
+        if budget.transient_bytes is not None and peak.max(initial=0) > budget.transient_bytes * (1 + 1e-9):
+            checked.append((int(peak.max()), int(np.argmax(peak)), cand))
+            continue
+        if i >= simulate_top:  # past the simulated ones: the first within the transient budget
+            if not fits:
+                return cand, []
+            break
+        fits.append((_simulated_step_s(plan, cand, cost, token_time_s) if simulate_top > 1 else 0.0, i, cand))
+        if simulate_top <= 1:
+            break
+    if fits:
+        return min(fits, key=lambda f: f[:2])[2], []
     peak, dev, cand = min(checked, key=lambda c: c[0])
     return cand, [f"memory budget: no plan keeps transient buffers within {budget.transient_bytes / 2**20:.1f} MiB "
                   f"per device; device {dev} holds {peak / 2**20:.1f} MiB at once ({cand.label})"]
+
+
+def _simulated_step_s(plan, cand, cost, token_time_s: float) -> float:
+    from dcp.sim import simulate_both
+
+    fwd, bwd = simulate_both(plan, cost, record_events=False)
+    return fwd.makespan_s + bwd.makespan_s + token_time_s * cand.max_tokens
 
 
 def token_note(cand, budget: MemoryBudget, n_devices: int) -> str:

@@ -70,6 +70,11 @@ class SearchConfig:
     every baseline: ring, zigzag, TE a2a+p2p, LoongTrain, Megatron-Core dynamic CP), each skipped when it
     estimates more than ``warm_start_max_tiles`` tiles. With the time objective only.
 
+    ``simulate_top``: with the time objective, the final choice simulates this many of the fastest
+    candidates by the estimate (those within the memory budget) with the discrete-event simulator and keeps
+    the fastest simulated one (the estimate's ranking differs from the simulator's by a few per cent;
+    0 or 1: the estimate decides).
+
     ``max_compute_imbalance`` (optional): candidates whose device compute imbalance (max / mean tile
     FLOPs) exceeds it are not considered (when every candidate does, the most balanced one is kept).
     """
@@ -85,6 +90,7 @@ class SearchConfig:
     hypergraph_max_tiles: int = 4096
     warm_starts: tuple = field(default_factory=_default_warm_starts)
     warm_start_max_tiles: int = 20000
+    simulate_top: int = 3
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -107,6 +113,9 @@ class SearchConfig:
         tt = self.token_time_s
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
             raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")
+        st = self.simulate_top
+        if not isinstance(st, int) or isinstance(st, bool) or st < 0:
+            raise InvalidConfigError(f"simulate_top must be an int >= 0, got {st!r}")
         wt = self.warm_start_max_tiles
         if not isinstance(wt, int) or isinstance(wt, bool) or wt < 0:
             raise InvalidConfigError(f"warm_start_max_tiles must be an int >= 0, got {wt!r}")

@@ -25,6 +25,7 @@ largest sum over r:
 Home inputs and home accumulators are not transient. This is what the plan needs at minimum, with every
 buffer freed as soon as the stream no longer uses it; an executor that keeps every received slot for the
 whole direction holds up to ``received_bytes`` (all bytes a device receives in the direction) instead.
+Rows or tiles naming a device outside 0..n_devices-1 are ignored (the validator refuses such plans).
 """
 from __future__ import annotations
 

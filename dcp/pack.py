@@ -62,7 +62,8 @@ def sequence_areas(spec: BatchSpec) -> np.ndarray:
 
 def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None, epsilon: float,
          epsilon_memory: float, weights: np.ndarray | None = None, half_extent: float = 0.0,
-         token_share: np.ndarray | None = None, overfill_whole: bool = True) -> Packing:
+         token_share: np.ndarray | None = None, overfill_whole: bool = True,
+         profiles: SequenceProfiles | None = None) -> Packing:
     """The packing placement of the module docstring. ``weights``: the work of every sequence (default
     its mask's area; the planner gives its modelled compute time, in which short sequences weigh more
     than their FLOPs because small kernels run below peak). ``half_extent``: the query extent at which
@@ -72,8 +73,10 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
     mask's work (the non-attention layers); a split follows that mix. ``overfill_whole``: a sequence
     that would fit an empty device but finds the caps used up goes whole to the least loaded device
     (no communication; right when only attention is scored), else it is split like a long one
-    (better when the device with the most tokens sets the step's non-attention time)."""
+    (better when the device with the most tokens sets the step's non-attention time). ``profiles``: a
+    ``SequenceProfiles`` of this batch shared by several calls (default: a new one)."""
     n_dev = cluster.n_devices
+    profiles = SequenceProfiles(spec) if profiles is None else profiles
     seq_w = sequence_areas(spec) if weights is None else np.asarray(weights, float)
     seq_t = np.asarray(spec.seqlens, float)
     cap_t = (1 + epsilon_memory) * seq_t.sum() / n_dev
@@ -82,7 +85,8 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
     total = seq_w.sum()
     for _ in range(2):
         groups, shares, cuts, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev,
-                                                    cap_t, half_extent, overfill_whole, block_size, token_share)
+                                                    cap_t, half_extent, overfill_whole, block_size, token_share,
+                                                    profiles)
         if load.sum() <= total * (1 + 1e-6):
             break
         total = load.sum()
@@ -91,7 +95,7 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
 
 def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluster: Cluster, cap_w: float,
                    cap_t: float, half_extent: float, overfill_whole: bool = True, block_size: int = 1024,
-                   token_share: np.ndarray | None = None):
+                   token_share: np.ndarray | None = None, profiles: SequenceProfiles | None = None):
     """(group, shares, cuts) of every sequence and the device loads, greedily (module docstring, step 1).
     ``cuts[s]``: a split sequence's (block bounds, owners) from ``zigzag_cuts`` (None: whole), cut
     within the members' token room so that the device tokens it counts are the cut's own."""
@@ -106,9 +110,10 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
         room = (load + w <= cap_w * (1 + 1e-9)) & token_room
         fits_empty = w <= cap_w * (1 + 1e-9) and t <= cap_t * (1 + 1e-9)
         short = spec.seqlens[s] <= 2 * MIN_SPLIT_BLOCK
-        # whole where work and tokens fit; past the work cap only onto a device with token room (memory
-        # is a budget, work a preference), or, for a sequence too short to split, the one with fewest tokens
-        if room.any() or short or (token_room.any() and overfill_whole and fits_empty):
+        # whole where work and tokens fit; past the work cap onto a device with token room (memory is a
+        # budget, work a preference) if the sequence is too short to split well or may overfill; a sequence
+        # that fits no device's token room is split however short (or, a single token, goes where fewest are)
+        if room.any() or (token_room.any() and (short or (overfill_whole and fits_empty))) or t < 2:
             cand = np.flatnonzero(room) if room.any() else np.flatnonzero(token_room)
             if cand.size == 0:
                 cand = np.flatnonzero(tokens == tokens.min())
@@ -133,8 +138,8 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
             members, share = _capped_water_fill(load, need, np.maximum(cap_t - tokens, 0.0) / t)
         groups[s], shares[s] = tuple(members.tolist()), share
         tau = 0.0 if token_share is None else float(token_share[s])
-        bounds, owner = cuts[s] = zigzag_cuts(spec.kv_ranges(s), members, share, block_size, tau,
-                                              np.maximum(cap_t - tokens[members], 0.0))
+        bounds, owner = cuts[s] = zigzag_cuts(None, members, share, block_size, tau,
+                                              np.maximum(cap_t - tokens[members], 0.0), profiles[s])
         load[members] += share * w * slow(share)
         tokens += np.bincount(owner, weights=np.diff(bounds), minlength=n_dev)
     return groups, shares, cuts, load
@@ -191,8 +196,28 @@ def _packing(spec: BatchSpec, groups, shares, block_size: int, head_block_size: 
     return Packing(layout, enumerate_tiles(spec, layout), np.concatenate(homes), tuple(groups))
 
 
-def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, block_size: int,
-                token_share: float = 0.0, token_caps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def sequence_profile(ranges_tr2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exact attended keys per query token, ``popular_boundaries``) of one sequence: what
+    ``zigzag_cuts`` reads of its mask (computed once per sequence and planning call)."""
+    work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
+    return work, popular_boundaries(ranges_tr2)
+
+
+class SequenceProfiles(dict):
+    """``sequence_profile`` of each sequence of one batch, computed on first use."""
+
+    def __init__(self, spec: BatchSpec):
+        super().__init__()
+        self.spec = spec
+
+    def __missing__(self, s: int):
+        self[s] = got = sequence_profile(self.spec.kv_ranges(s))
+        return got
+
+
+def zigzag_cuts(ranges_tr2: np.ndarray | None, members: np.ndarray, share: np.ndarray, block_size: int,
+                token_share: float = 0.0, token_caps: np.ndarray | None = None,
+                profile: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Block boundaries ``[0, ..., L]`` of one split sequence and the member owning each block.
 
     Where the mask's work grows along the sequence (causal-like: the second half holds at least 1.5x
@@ -206,9 +231,10 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
     of the work is spread evenly over the tokens instead. ``token_caps[m]``: most tokens member m may
     take (its room in the memory budget); cuts move to respect them where the work would place more
     tokens on a member (the first chunks of a sliding window hold less work per token). Strips longer
-    than ``block_size`` are cut into blocks of at most ``block_size`` tokens."""
-    seqlen = ranges_tr2.shape[0]
-    work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
+    than ``block_size`` are cut into blocks of at most ``block_size`` tokens. ``profile``: the sequence's
+    ``sequence_profile`` when already computed (``ranges_tr2`` is then not read)."""
+    work, popular = sequence_profile(ranges_tr2) if profile is None else profile
+    seqlen = work.size
     half = seqlen // 2
     growing = work[half:].sum() >= 1.5 * work[:half].sum()
     work = (1 - token_share) * work / max(work.sum(), 1e-300) + token_share / seqlen
@@ -235,7 +261,6 @@ def zigzag_cuts(ranges_tr2: np.ndarray, members: np.ndarray, share: np.ndarray, 
             xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 1)
         pieces = [(int(xs[m]), int(xs[m + 1]), int(members[m])) for m in range(g) if xs[m + 1] > xs[m]]
     pieces.sort()
-    popular = popular_boundaries(ranges_tr2)
     cuts, owner = [0], []
     for a, b, d in pieces:
         inner = popular[(popular > a) & (popular < b)]  # keys many queries read start a block of their own
@@ -291,7 +316,7 @@ def _capped_water_fill(load: np.ndarray, amount: float, cap_share: np.ndarray) -
         return members, share / share.sum()
     take = lambda level: np.minimum(np.maximum(level - load, 0.0) / amount, cap_share)  # noqa: E731
     lo, hi = float(load.min()), float(load.max()) + amount
-    for _ in range(100):  # bisection on the level: the taken shares grow monotonically with it
+    for _ in range(60):  # bisection on the level: the taken shares grow monotonically with it
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if take(mid).sum() < 1 else (lo, mid)
     share = take(hi)

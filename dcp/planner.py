@@ -17,13 +17,13 @@ import numpy as np
 
 from dcp.assign import SLACK_COST, start_assign
 from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
-from dcp.budget import MemoryBudget, choose_within, report as report_budget, token_note, within_tokens
+from dcp.budget import MemoryBudget, pick, report as report_budget, token_note, within_tokens
 from dcp.build import build_program
 from dcp.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import InvalidBatchError, InvalidClusterError, InvalidConfigError, PartitionerError, TooFewBlocksError
-from dcp.pack import pack, pack_aligned
+from dcp.pack import SequenceProfiles, pack, pack_aligned
 from dcp.partition import GreedyPartitioner
 from dcp.plan import Plan
 from dcp.refine import refine_packing
@@ -138,17 +138,18 @@ class DCPPlanner(Planner):
         if cfg.search.warm_starts:
             warm, warm_groups, warm_skipped = warm_candidates(spec, cluster, cfg.search.warm_starts, cfg.cost_model,
                                                          self._stage_counts(), cfg.two_phase,
-                                                         cfg.search.warm_start_max_tiles)
+                                                         cfg.search.warm_start_max_tiles,
+                                                         cfg.token_budget(spec.total_tokens, cluster.n_devices))
             seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
             for cand in warm:
                 if not any(same_placement(c, cand.layout, cand.home) for c in cands):
                     cands.append(cand)
                     packings[cand.label] = (warm_groups[cand.label], seq_w)
-                warm_names.append(cand.label[5:-1])
+                warm_names.append(cand.label[5:-1].replace("@budget", ""))
             skipped += [f"warm start {w}" for w in warm_skipped]
         budget = MemoryBudget.of(spec, cluster, cfg)
         cands = self._widen(spec, cluster, cands, budget)
-        best, memory_notes = choose(cands, cfg, budget, spec, cluster.n_devices)
+        best, memory_notes = choose(cands, cfg, budget, spec, cluster)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label], budget)
         report_budget(memory_notes, budget)
@@ -227,7 +228,7 @@ class DCPPlanner(Planner):
                                  cfg.search.refine_evaluations, token_time_s=cfg.search.token_time_s)
         if refined is not best:
             cands.append(dataclasses.replace(refined, label=best.label + "+refined"))
-        return choose(cands, cfg, budget, spec, cluster.n_devices)
+        return choose(cands, cfg, budget, spec, cluster)
 
     def _packings(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                   tiles: TileSet) -> tuple[list[Candidate], dict]:
@@ -249,6 +250,7 @@ class DCPPlanner(Planner):
             token_work = token_s * np.asarray(spec.seqlens, dtype=float)
             weightings.append((",tokens", attention + token_work, token_work / np.maximum(attention + token_work, 1e-300)))
         weights, token_part = weightings[-1][1], weightings[-1][2]
+        profiles = SequenceProfiles(spec)
         budget_eps = cfg.token_budget(spec.total_tokens, cluster.n_devices) * cluster.n_devices / spec.total_tokens - 1
         for suffix, w, part in weightings:
             for eps in epsilons:
@@ -256,7 +258,7 @@ class DCPPlanner(Planner):
                 # tolerance tightens it further (the linear layers wait for the device with the most)
                 mem_eps = min(eps, budget_eps) if token_s > 0 else budget_eps
                 pk = pack(spec, cluster, cfg.block_size, cfg.head_block_size, eps, mem_eps, w,
-                          cfg.cost_model.profile.half_rows, part, overfill_whole=token_s == 0)
+                          cfg.cost_model.profile.half_rows, part, overfill_whole=token_s == 0, profiles=profiles)
                 if any(same_placement(c, pk.layout, pk.home) for c in out):
                     continue
                 label = f"pack(eps={eps:g}{suffix})"
@@ -308,14 +310,16 @@ class _Dropped(Exception):
 
 
 def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | None = None, spec=None,
-           n_devices: int = 0) -> tuple[Candidate, list[str]]:
+           cluster: Cluster | None = None) -> tuple[Candidate, list[str]]:
     """The candidate ``cfg.search`` asks for (``SearchConfig``) among those within the memory budget
-    (``dcp.budget``; ties go to the earlier candidate), and the notes saying where it is over budget."""
+    (``dcp.budget``; ties go to the earlier candidate; with the time objective the fastest few by the
+    estimate are simulated and the fastest simulated one wins, ``dcp.budget.pick``), and the notes saying
+    where it is over budget."""
     notes: list[str] = []
     if budget is not None:
         cands, ok = within_tokens(cands, budget)
         if not ok:
-            notes.append(token_note(cands[0], budget, n_devices))
+            notes.append(token_note(cands[0], budget, cluster.n_devices))
     search = cfg.search
     cap = search.max_compute_imbalance
     if search.objective == "bytes":
@@ -331,9 +335,10 @@ def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | No
         ranked = sorted(fits, key=lambda c: c.step_s(search.token_time_s))
     if budget is None:
         return ranked[0], notes
-    best, more = choose_within(ranked, budget, spec, n_devices)
+    simulate_top = search.simulate_top if search.objective == "time" else 0
+    best, more = pick(ranked, budget, spec, cluster, cfg.cost_model, simulate_top, search.token_time_s)
     if not ok:
-        notes[0] = token_note(best, budget, n_devices)
+        notes[0] = token_note(best, budget, cluster.n_devices)
     return best, notes + more
 
 

@@ -34,12 +34,13 @@ def default_warm_planners() -> tuple:
 
 
 def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_counts: tuple[int, ...],
-                    two_phase: bool, max_tiles: int) -> tuple[list[Candidate], dict, list[str]]:
-    """(candidates, groups per label for refinement, skipped planners with the reason) of ``planners``."""
+                    two_phase: bool, max_tiles: int, token_budget: float) -> tuple[list[Candidate], dict, list[str]]:
+    """(candidates, groups per label for refinement, skipped planners with the reason) of ``planners``
+    (and of a Megatron planner capped at the token budget, ``_with_token_caps``)."""
     out: list[Candidate] = []
     groups: dict = {}
     skipped: list[str] = []
-    for planner in planners:
+    for planner in _with_token_caps(planners, token_budget):
         name = planner.name
         try:
             n_tiles = planner.estimated_tiles(spec, cluster)
@@ -53,13 +54,27 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_cou
         if parts.layout.grouped:  # a grouped layout is the plan a ring runs, not a placement to search from
             skipped.append(f"{name} (grouped shards)")
             continue
-        label = f"warm({name})"
+        label = f"warm({name})" if getattr(planner, "_budget_variant", False) is False else f"warm({name}@budget)"
         cand = evaluate(label, spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost,
                         stage_counts, two_phase, notes=(f"dcp's search started from {name}'s placement",),
                         own=parts)
         out.append(cand)
         groups[label] = sequence_groups(cand)
     return out, groups, skipped
+
+
+def _with_token_caps(planners, token_budget: float):
+    """``planners``, each Megatron dynamic CP planner without a ``max_seqlen_per_rank`` followed by one
+    capped at the token budget: its packer then keeps every device within dcp's memory budget where it
+    can (uncapped it fills devices to the mean and overflows them when a sequence fits no group)."""
+    from dcp.baselines import MegatronDynCPPlanner
+
+    for planner in planners:
+        yield planner
+        if isinstance(planner, MegatronDynCPPlanner) and planner.max_seqlen_per_rank is None:
+            capped = MegatronDynCPPlanner(max_seqlen_per_rank=max(int(token_budget), 1))
+            object.__setattr__(capped, "_budget_variant", True)
+            yield capped
 
 
 def sequence_groups(cand: Candidate) -> tuple[tuple[int, ...], ...]:

@@ -12,7 +12,7 @@ import dcp
 from dcp.baselines import BASELINES, RingPlanner
 from dcp.memory import (memory_report, received_bytes, resident_input_bytes, resident_tokens,
                         transient_peak_bytes)
-from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program, unit_rows
+from dcp.program import DST, HB, KIND, SRC, TB, Program, unit_rows
 from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, Kind, unit_bytes
 
 DIRECTIONS = ("forward", "backward")

@@ -145,6 +145,9 @@ def stat_fields(plan: Plan) -> dict:
                 comm_bytes_inter_node=s.comm_bytes_inter_node, comm_bytes_forward=s.comm_bytes_forward,
                 comm_bytes_backward=s.comm_bytes_backward, max_device_comm_bytes=s.max_device_comm_bytes,
                 compute_imbalance=round(s.compute_imbalance, 4), memory_imbalance=round(s.memory_imbalance, 4),
+                max_resident_tokens=s.max_resident_tokens,
+                peak_buffer_fwd_MiB=round(s.peak_transient_bytes_forward / 2**20, 3),
+                peak_buffer_bwd_MiB=round(s.peak_transient_bytes_backward / 2**20, 3),
                 idle_devices=s.idle_devices, valid=s.valid)
 
 
@@ -233,6 +236,7 @@ class DcpOptions:
     epsilon_intra: float | None = None
     objective: str | None = None
     block_size: int | None = None
+    epsilon_memory: float | None = None
 
     def changed(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -248,7 +252,7 @@ def dcp_config(profile: str, options: DcpOptions = DcpOptions(), cost=None, **se
     kw = {}
     if options.partitioner is not None:
         kw["partitioner"] = named_partitioner(options.partitioner)
-    for name in ("epsilon_inter", "epsilon_intra", "block_size"):
+    for name in ("epsilon_inter", "epsilon_intra", "block_size", "epsilon_memory"):
         if getattr(options, name) is not None:
             kw[name] = getattr(options, name)
     search = dict(search_changes)
@@ -262,7 +266,8 @@ def config_fields(config) -> dict:
     part = config.partitioner
     return dict(dcp_partitioner=f"{part.name}:{getattr(part, 'preset', '')}".rstrip(":"),
                 dcp_objective=config.search.objective, dcp_block_size=config.block_size,
-                dcp_epsilon_inter=config.epsilon_inter, dcp_epsilon_intra=config.epsilon_intra)
+                dcp_epsilon_inter=config.epsilon_inter, dcp_epsilon_intra=config.epsilon_intra,
+                dcp_epsilon_memory=config.epsilon_memory)
 
 
 def add_dcp_args(p) -> None:
@@ -278,8 +283,11 @@ def add_dcp_args(p) -> None:
     g.add_argument("--epsilon-intra", type=float, default=None, help="hypergraph tolerance inside a node")
     g.add_argument("--objective", default=None, choices=OBJECTIVES, help="search objective (default: time)")
     g.add_argument("--block-size", type=int, default=None, help="dcp's token block size (default 1024)")
+    g.add_argument("--epsilon-memory", type=float, default=None,
+                   help="dcp's memory budget: resident tokens per device <= (1 + this) x mean (default 0.1)")
 
 
 def options_from_args(args) -> DcpOptions:
     return DcpOptions(partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
-                      epsilon_intra=args.epsilon_intra, objective=args.objective, block_size=args.block_size)
+                      epsilon_intra=args.epsilon_intra, objective=args.objective, block_size=args.block_size,
+                      epsilon_memory=args.epsilon_memory)
