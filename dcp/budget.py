@@ -80,27 +80,41 @@ def within_tokens(cands: list, budget: MemoryBudget) -> tuple[list, bool]:
     return [c for c in cands if c.max_tokens <= least * 1.01], False
 
 
+#: candidates estimated more than this much slower than the fastest are not simulated (the estimate's
+#: error against the simulator is a few per cent, ``dcp.sim.estimate``)
+SIMULATE_WITHIN = 0.1
+
+
 def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_top: int = 0,
-         token_time_s: float = 0.0) -> tuple[object, list[str]]:
+         token_time_s: float = 0.0, memo: dict | None = None) -> tuple[object, list[str]]:
     """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
     or the least over it). The first ``max(simulate_top, TRANSIENT_CHECKS)`` have their programs built:
     those within the transient budget compete by simulated time (``dcp.sim``, the first ``simulate_top``;
     0: the estimate's order stands), so the plan's time is its simulated time, not an estimate; when none
-    of them is within the transient budget, the one with the smallest peak stands (with a note)."""
+    of them is within the transient budget, the one with the smallest peak stands (with a note). Only
+    candidates estimated within ``SIMULATE_WITHIN`` of the first are simulated. ``memo``: results per
+    candidate kept across calls of one planning run."""
     if budget.transient_bytes is None and simulate_top <= 1:
         return ranked[0], []
+    memo = {} if memo is None else memo
     checked, fits = [], []
+    first_s = ranked[0].step_s(token_time_s)
     for i, cand in enumerate(ranked[:max(simulate_top, TRANSIENT_CHECKS)]):
-        plan = candidate_programs(cand, spec, cluster)
-        peak = plan_transient(plan) if budget.transient_bytes is not None else np.zeros(1)
-        if budget.transient_bytes is not None and peak.max(initial=0) > budget.transient_bytes * (1 + 1e-9):
-            checked.append((int(peak.max()), int(np.argmax(peak)), cand))
+        close = i < simulate_top and cand.step_s(token_time_s) <= first_s * (1 + SIMULATE_WITHIN)
+        if i > 0 and not close and fits:
+            break  # a candidate within the transient budget is in hand and the rest are not close
+        got = memo.get(id(cand))
+        if got is None or (close and got[1] is None):
+            plan = candidate_programs(cand, spec, cluster)
+            per_dev = plan_transient(plan) if budget.transient_bytes is not None else np.zeros(1, dtype=np.int64)
+            peak, dev = int(per_dev.max(initial=0)), int(np.argmax(per_dev))
+            sim = _simulated_step_s(plan, cand, cost, token_time_s) if close and simulate_top > 1 else None
+            memo[id(cand)] = got = ((peak, dev), sim, cand)
+        (peak, dev), sim = got[0], got[1]
+        if budget.transient_bytes is not None and peak > budget.transient_bytes * (1 + 1e-9):
+            checked.append((peak, dev, cand))
             continue
-        if i >= simulate_top:  # past the simulated ones: the first within the transient budget
-            if not fits:
-                return cand, []
-            break
-        fits.append((_simulated_step_s(plan, cand, cost, token_time_s) if simulate_top > 1 else 0.0, i, cand))
+        fits.append((sim if sim is not None else float("inf"), i, cand))
         if simulate_top <= 1:
             break
     if fits:

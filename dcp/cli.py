@@ -147,12 +147,28 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--epsilon-inter", type=float, default=CONFIG_DEFAULTS["epsilon_inter"],
                    help="compute imbalance allowed between nodes")
     c.add_argument("--epsilon-memory", type=float, default=CONFIG_DEFAULTS["epsilon_memory"],
-                   help="resident-token imbalance allowed at each level")
+                   help="memory budget: resident tokens per device <= (1 + this) x mean, for every candidate")
+    c.add_argument("--max-tokens-per-device", type=int, default=None,
+                   help="an explicit cap on resident tokens per device (the budget is the smaller of the two)")
+    c.add_argument("--transient-budget", type=_transient_budget, default=CONFIG_DEFAULTS["transient_budget"],
+                   metavar="FACTOR", help="peak transient buffer bytes per device <= FACTOR x the q/k/v/o bytes of the "
+                                          "budget's tokens ('none': no limit)")
+    c.add_argument("--strict-memory", action="store_true",
+                   help="refuse (MemoryBudgetError) instead of warning when no plan fits the memory budget")
     c.add_argument("--time-budget", type=_time_budget, default=CONFIG_DEFAULTS["time_budget_s"], metavar="SECONDS",
                    help="partitioning time limit per plan ('none': no limit); past it the hypergraph candidate is "
                         "dropped (the packings stand) and the plan says so")
     c.add_argument("--profile", default="a100", help="cost-model GPU profile: a100, h100, h200 or a .json path")
     c.add_argument("--no-two-phase", action="store_true", help="no node-level relay/merge of transfers")
+
+
+def _transient_budget(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or 'none', got {text!r}") from None
 
 
 def _config(args) -> PlannerConfig:
@@ -161,6 +177,8 @@ def _config(args) -> PlannerConfig:
     return PlannerConfig(block_size=args.block_size, head_block_size=args.head_block_size,
                          partitioner=named_partitioner(args.partitioner), epsilon_intra=args.epsilon_intra,
                          epsilon_inter=args.epsilon_inter, epsilon_memory=args.epsilon_memory, seed=args.seed,
+                         max_tokens_per_device=args.max_tokens_per_device, transient_budget=args.transient_budget,
+                         strict_memory=args.strict_memory,
                          two_phase=not args.no_two_phase, time_budget_s=args.time_budget,
                          cost_model=CostModel.named(args.profile), search=SearchConfig(objective=args.objective))
 

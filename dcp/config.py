@@ -70,6 +70,10 @@ class SearchConfig:
     every baseline: ring, zigzag, TE a2a+p2p, LoongTrain, Megatron-Core dynamic CP), each skipped when it
     estimates more than ``warm_start_max_tiles`` tiles. With the time objective only.
 
+    ``block_size_factors``: with the time objective, the chosen packing is rebuilt at these multiples of
+    ``PlannerConfig.block_size`` (at least 64 tokens) and the fastest block size kept: tile size decides
+    kernel efficiency and how finely stages overlap transfers (``()``: the configured block size only).
+
     ``simulate_top``: with the time objective, the final choice simulates this many of the fastest
     candidates by the estimate (those within the memory budget) with the discrete-event simulator and keeps
     the fastest simulated one (the estimate's ranking differs from the simulator's by a few per cent;
@@ -91,6 +95,7 @@ class SearchConfig:
     warm_starts: tuple = field(default_factory=_default_warm_starts)
     warm_start_max_tiles: int = 20000
     simulate_top: int = 3
+    block_size_factors: tuple[float, ...] = (0.5, 2.0)
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -113,6 +118,9 @@ class SearchConfig:
         tt = self.token_time_s
         if not isinstance(tt, (int, float)) or isinstance(tt, bool) or not tt >= 0:
             raise InvalidConfigError(f"token_time_s must be a number >= 0, got {tt!r}")
+        bf = self.block_size_factors
+        object.__setattr__(self, "block_size_factors", () if bf in ((), []) else
+                           _numbers("block_size_factors", bf, 1 / 64, 64))
         st = self.simulate_top
         if not isinstance(st, int) or isinstance(st, bool) or st < 0:
             raise InvalidConfigError(f"simulate_top must be an int >= 0, got {st!r}")

@@ -37,12 +37,16 @@ def run_demo(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, planners:
             fwd, bwd = simulate_both(plan, config.cost_model, record_events=False)
         row = plan.stats().to_dict()
         row["sim_fwd_bwd_ms"] = (fwd.makespan_s + bwd.makespan_s) * 1e3
+        row["peak_buffer_MiB"] = max(row["peak_transient_bytes_forward"], row["peak_transient_bytes_backward"]) / 2**20
         rows.append(row)
-    print_table(rows, columns=STAT_COLUMNS + ("sim_fwd_bwd_ms",), out=out)
+    print_table(rows, columns=STAT_COLUMNS + ("max_resident_tokens", "peak_buffer_MiB", "sim_fwd_bwd_ms"), out=out)
     print(f"(sim_fwd_bwd_ms: SIMULATED forward + backward attention time of one layer, cost-model profile "
-          f"'{config.cost_model.profile.name}' with assumed constants; every other column is exact)\n", file=out)
+          f"'{config.cost_model.profile.name}' with assumed constants; every other column is exact. "
+          f"memory_imbalance: the most resident tokens on one device over the mean (dcp's budget: "
+          f"{1 + config.epsilon_memory:.2f}x); peak_buffer_MiB: the most bytes of received inputs and partial "
+          f"outputs one device holds at once in one direction)\n", file=out)
     print("Verdict:", file=out)
-    for line in verdict(rows):
+    for line in verdict(rows, config.epsilon_memory):
         print(f"- {line}", file=out)
     if not execute:
         return 0
@@ -59,9 +63,10 @@ def run_demo(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, planners:
     return 0 if run.ok else 1
 
 
-def verdict(rows: list[dict]) -> list[str]:
+def verdict(rows: list[dict], epsilon_memory: float = 0.1) -> list[str]:
     """Plain-words comparison of the planners' rows (``rows[0]`` is dcp's): who is fastest by simulated
-    time and by how much, and dcp's bytes against the baseline that moves the fewest."""
+    time and by how much, dcp's bytes against the baseline that moves the fewest, and the memory each
+    holds (naming a faster baseline that holds more than dcp's budget, ``1 + epsilon_memory``)."""
     ours, others = rows[0], rows[1:]
     if not others:
         return [f"{ours['planner']} simulates {ours['sim_fwd_bwd_ms']:.2f} ms (no baseline to compare with)"]
@@ -82,7 +87,15 @@ def verdict(rows: list[dict]) -> list[str]:
                   f"{gigabytes(fewest['comm_bytes_total'])}), {gigabytes(ours['comm_bytes_inter_node'])} of it between "
                   f"nodes ({fewest['planner']}: {gigabytes(fewest['comm_bytes_inter_node'])}); compute imbalance "
                   f"{ours['compute_imbalance']:.3f} ({fewest['planner']}: {fewest['compute_imbalance']:.3f})")
-    return [speed, bytes_line]
+    budget = 1 + epsilon_memory + 1e-9
+    over = [r for r in others if r["memory_imbalance"] > budget and r["sim_fwd_bwd_ms"] < ours["sim_fwd_bwd_ms"]]
+    memory_line = (f"memory: {ours['planner']} holds at most {ours['max_resident_tokens']:,} resident tokens on one "
+                   f"device ({ours['memory_imbalance']:.2f}x the mean, budget {1 + epsilon_memory:.2f}x) and "
+                   f"{ours['peak_buffer_MiB']:.1f} MiB of transient buffers")
+    for r in over:
+        memory_line += (f"; {r['planner']} is faster only by holding {r['memory_imbalance']:.2f}x the mean tokens "
+                        f"({r['max_resident_tokens']:,}), above that budget")
+    return [speed, bytes_line, memory_line]
 
 
 __all__ = ["run_demo", "verdict"]

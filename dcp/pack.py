@@ -82,14 +82,12 @@ def pack(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: in
     cap_t = (1 + epsilon_memory) * seq_t.sum() / n_dev
     # split members run slower than the whole would, so the work to spread exceeds the sum of the
     # weights: a first pass measures it, a second balances against it
-    total = seq_w.sum()
-    for _ in range(2):
-        groups, shares, cuts, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev,
-                                                    cap_t, half_extent, overfill_whole, block_size, token_share,
-                                                    profiles)
-        if load.sum() <= total * (1 + 1e-6):
-            break
-        total = load.sum()
+    # (the first pass counts a split member's tokens as its share; the second cuts for real)
+    load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * seq_w.sum() / n_dev, cap_t, half_extent,
+                          overfill_whole, block_size, token_share, None)[3]
+    total = max(load.sum(), seq_w.sum())
+    groups, shares, cuts, load = _assign_groups(spec, seq_w, seq_t, cluster, (1 + epsilon) * total / n_dev, cap_t,
+                                                half_extent, overfill_whole, block_size, token_share, profiles)
     return _packing(spec, groups, shares, block_size, head_block_size, token_share, cuts)
 
 
@@ -98,7 +96,8 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
                    token_share: np.ndarray | None = None, profiles: SequenceProfiles | None = None):
     """(group, shares, cuts) of every sequence and the device loads, greedily (module docstring, step 1).
     ``cuts[s]``: a split sequence's (block bounds, owners) from ``zigzag_cuts`` (None: whole), cut
-    within the members' token room so that the device tokens it counts are the cut's own."""
+    within the members' token room so that the device tokens it counts are the cut's own; without
+    ``profiles`` (a pass that only measures the load) nothing is cut and members count their shares."""
     n_dev, gpn = cluster.n_devices, cluster.gpus_per_node
     load, tokens = np.zeros(n_dev), np.zeros(n_dev)
     groups: list[tuple[int, ...]] = [()] * spec.num_seqs
@@ -137,10 +136,13 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
             need = w * slow(min(1.0, cap_w / w))
             members, share = _capped_water_fill(load, need, np.maximum(cap_t - tokens, 0.0) / t)
         groups[s], shares[s] = tuple(members.tolist()), share
+        load[members] += share * w * slow(share)
+        if profiles is None:  # a measuring pass: members take their shares
+            tokens[members] += share * t
+            continue
         tau = 0.0 if token_share is None else float(token_share[s])
         bounds, owner = cuts[s] = zigzag_cuts(None, members, share, block_size, tau,
                                               np.maximum(cap_t - tokens[members], 0.0), profiles[s])
-        load[members] += share * w * slow(share)
         tokens += np.bincount(owner, weights=np.diff(bounds), minlength=n_dev)
     return groups, shares, cuts, load
 

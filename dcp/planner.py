@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
 import time
 import warnings
@@ -134,24 +135,15 @@ class DCPPlanner(Planner):
         finally:
             if pending is not None:  # an error before the partitioner's result was taken
                 pending.cancel()
-        warm_names = []
-        if cfg.search.warm_starts:
-            warm, warm_groups, warm_skipped = warm_candidates(spec, cluster, cfg.search.warm_starts, cfg.cost_model,
-                                                         self._stage_counts(), cfg.two_phase,
-                                                         cfg.search.warm_start_max_tiles,
-                                                         cfg.token_budget(spec.total_tokens, cluster.n_devices))
-            seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
-            for cand in warm:
-                if not any(same_placement(c, cand.layout, cand.home) for c in cands):
-                    cands.append(cand)
-                    packings[cand.label] = (warm_groups[cand.label], seq_w)
-                warm_names.append(cand.label[5:-1].replace("@budget", ""))
-            skipped += [f"warm start {w}" for w in warm_skipped]
+        warm_names = self._warm(spec, cluster, layout, tiles, cands, packings, skipped)
         budget = MemoryBudget.of(spec, cluster, cfg)
+        memo: dict = {}  # programs, transient peaks and simulated times of candidates, across the choices below
         cands = self._widen(spec, cluster, cands, budget)
-        best, memory_notes = choose(cands, cfg, budget, spec, cluster)
+        best, memory_notes = choose(cands, cfg, budget, spec, cluster, memo)
+        if best.label in packings and packings[best.label][2] is not None and cfg.search.block_size_factors:
+            best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
-            best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label], budget)
+            best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
         report_budget(memory_notes, budget)
         plan = assemble(spec, cluster, best.layout, best.tiles, best.home, best.tile_device,
                         best.forward.tile_stage, best.forward.routes, self.name, started,
@@ -176,6 +168,24 @@ class DCPPlanner(Planner):
             layout = uniform_layout(spec, block, layout.head_block_size)
             tiles = enumerate_tiles(spec, layout)
         return layout, tiles
+
+    def _warm(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, cands: list[Candidate],
+              packings: dict, skipped: list[str]) -> list[str]:
+        """Add the static planners' placements to ``cands`` (``dcp.warm``); returns the planners whose plans
+        entered the search (directly or as an identical earlier plan) and notes the skipped ones."""
+        cfg = self.config
+        if not cfg.search.warm_starts:
+            return []
+        warm, groups, warm_skipped, aliases = warm_candidates(
+            spec, cluster, cfg.search.warm_starts, cfg.cost_model, self._stage_counts(), cfg.two_phase,
+            cfg.search.warm_start_max_tiles, cfg.token_budget(spec.total_tokens, cluster.n_devices))
+        seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
+        for cand in warm:
+            cands.append(cand)
+            packings[cand.label] = (groups[cand.label], seq_w, None)
+        skipped += [f"warm start {w}" for w in warm_skipped]
+        names = [c.label[5:-1].replace("@budget", "") for c in warm] + [name for name, _ in aliases]
+        return list(dict.fromkeys(names))
 
     def _hypergraph_misses_budget(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                                   skipped: list[str]) -> bool:
@@ -218,8 +228,25 @@ class DCPPlanner(Planner):
             out[i] = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
         return out
 
+    def _resize(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], packings: dict,
+                budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
+        """The chosen packing rebuilt at each block size of ``SearchConfig.block_size_factors`` x the
+        configured one (tile size decides kernel efficiency and stage granularity; the cost model scores
+        it), scheduled at the chosen stage counts; the fastest stays chosen."""
+        cfg = self.config
+        for factor in cfg.search.block_size_factors:
+            size = max(64, int(round(cfg.block_size * factor)))
+            if size == cfg.block_size:
+                continue
+            pk = packings[best.label][2](block_size=size)
+            label = f"{best.label}@B{size}"
+            cands.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, cfg.cost_model,
+                                  (), cfg.two_phase, per_direction=best.stages))
+            packings[label] = (pk.groups, packings[best.label][1], None)
+        return choose(cands, cfg, budget, spec, cluster, memo)
+
     def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
-                weights, budget: MemoryBudget) -> tuple[Candidate, list[str]]:
+                weights, budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
         """Refine the chosen packing or warm start (``dcp.refine``) within the token budget; it stays
         chosen only if it still wins."""
         cfg = self.config
@@ -228,11 +255,12 @@ class DCPPlanner(Planner):
                                  cfg.search.refine_evaluations, token_time_s=cfg.search.token_time_s)
         if refined is not best:
             cands.append(dataclasses.replace(refined, label=best.label + "+refined"))
-        return choose(cands, cfg, budget, spec, cluster)
+        return choose(cands, cfg, budget, spec, cluster, memo)
 
     def _packings(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                   tiles: TileSet) -> tuple[list[Candidate], dict]:
-        """The packing candidates, and per label its sequence groups and weights (for refinement)."""
+        """The packing candidates, and per label its sequence groups and weights (for refinement) and how to
+        build it at another block size (None: not rebuilt)."""
         cfg, search = self.config, self.config.search
         epsilons = search.pack_epsilons
         if search.objective == "bytes":  # only packings within the compute tolerance
@@ -264,13 +292,16 @@ class DCPPlanner(Planner):
                 label = f"pack(eps={eps:g}{suffix})"
                 out.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
                                     cfg.cost_model, self._stage_counts(), cfg.two_phase))
-                groups[label] = (pk.groups, w)
+                groups[label] = (pk.groups, w, functools.partial(
+                    pack, spec, cluster, head_block_size=cfg.head_block_size, epsilon=eps, epsilon_memory=mem_eps,
+                    weights=w, half_extent=cfg.cost_model.profile.half_rows, token_share=part,
+                    overfill_whole=token_s == 0, profiles=profiles))
         if aligned:
             pk = pack_aligned(spec, cluster, cfg.block_size, cfg.head_block_size, weights, token_part)
             if not any(same_placement(c, pk.layout, pk.home) for c in out):
                 out.append(evaluate("pack(aligned)", spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device,
                                     cfg.cost_model, self._stage_counts(), cfg.two_phase))
-                groups["pack(aligned)"] = (pk.groups, weights)
+                groups["pack(aligned)"] = (pk.groups, weights, None)
         return out, groups
 
     def _start_assign(self, spec, cluster, layout, tiles, partitioner, time_budget_s):
@@ -310,7 +341,7 @@ class _Dropped(Exception):
 
 
 def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | None = None, spec=None,
-           cluster: Cluster | None = None) -> tuple[Candidate, list[str]]:
+           cluster: Cluster | None = None, memo: dict | None = None) -> tuple[Candidate, list[str]]:
     """The candidate ``cfg.search`` asks for (``SearchConfig``) among those within the memory budget
     (``dcp.budget``; ties go to the earlier candidate; with the time objective the fastest few by the
     estimate are simulated and the fastest simulated one wins, ``dcp.budget.pick``), and the notes saying
@@ -336,7 +367,7 @@ def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | No
     if budget is None:
         return ranked[0], notes
     simulate_top = search.simulate_top if search.objective == "time" else 0
-    best, more = pick(ranked, budget, spec, cluster, cfg.cost_model, simulate_top, search.token_time_s)
+    best, more = pick(ranked, budget, spec, cluster, cfg.cost_model, simulate_top, search.token_time_s, memo)
     if not ok:
         notes[0] = token_note(best, budget, cluster.n_devices)
     return best, notes + more

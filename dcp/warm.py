@@ -2,8 +2,9 @@
 
 Every static baseline (ring, zigzag, TransformerEngine a2a+p2p, LoongTrain, Megatron-Core dynamic CP) is a
 placement in dcp's IR: a block layout, the home of every token block, the device of every tile. dcp's
-search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule and dcp's
-schedules at the search's stage counts compete per direction (``dcp.candidates.evaluate``), and a chosen
+search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule first, and
+when it is among the fastest candidates, dcp's schedules at every stage count of the search compete with
+it per direction (``dcp.candidates.evaluate``, ``widen``), and a chosen
 warm start is refined like a packing (whole sequences moved off the device estimated to finish last,
 ``dcp.refine``). So dcp's estimated time is never above the best of the static plans it starts from —
 within the memory budget, which is applied to every candidate alike.
@@ -35,11 +36,14 @@ def default_warm_planners() -> tuple:
 
 def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_counts: tuple[int, ...],
                     two_phase: bool, max_tiles: int, token_budget: float) -> tuple[list[Candidate], dict, list[str]]:
-    """(candidates, groups per label for refinement, skipped planners with the reason) of ``planners``
-    (and of a Megatron planner capped at the token budget, ``_with_token_caps``)."""
+    """(candidates, groups per label for refinement, skipped planners with the reason, (planner, label of
+    the earlier candidate) for planners whose plan was identical to an earlier one) of ``planners`` (and
+    of a Megatron planner capped at the token budget, ``_with_token_caps``)."""
     out: list[Candidate] = []
     groups: dict = {}
     skipped: list[str] = []
+    aliases: list[tuple[str, str]] = []
+    seen: dict = {}  # label -> parts of the warm starts evaluated so far
     for planner in _with_token_caps(planners, token_budget):
         name = planner.name
         try:
@@ -55,12 +59,17 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_cou
             skipped.append(f"{name} (grouped shards)")
             continue
         label = f"warm({name})" if getattr(planner, "_budget_variant", False) is False else f"warm({name}@budget)"
+        twin = next((lab for lab, other in seen.items() if _same_plan(other, parts)), None)
+        if twin is not None:  # the very plan an earlier warm start gave: contained already
+            aliases.append((name, twin))
+            continue
+        seen[label] = parts
+        # its own schedule first; the search's widening schedules the fastest candidates by dcp too
         cand = evaluate(label, spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost,
-                        stage_counts, two_phase, notes=(f"dcp's search started from {name}'s placement",),
-                        own=parts)
+                        (), two_phase, notes=(f"dcp's search started from {name}'s placement",), own=parts)
         out.append(cand)
         groups[label] = sequence_groups(cand)
-    return out, groups, skipped
+    return out, groups, skipped, aliases
 
 
 def _with_token_caps(planners, token_budget: float):
@@ -75,6 +84,14 @@ def _with_token_caps(planners, token_budget: float):
             capped = MegatronDynCPPlanner(max_seqlen_per_rank=max(int(token_budget), 1))
             object.__setattr__(capped, "_budget_variant", True)
             yield capped
+
+
+def _same_plan(a, b) -> bool:
+    """Whether two static planners' parts are the same plan (placement and own schedule)."""
+    return (np.array_equal(a.layout.tb_start, b.layout.tb_start) and np.array_equal(a.layout.tb_len, b.layout.tb_len)
+            and a.layout.n_head_blocks == b.layout.n_head_blocks and np.array_equal(a.home, b.home)
+            and np.array_equal(a.tile_device, b.tile_device) and np.array_equal(a.tile_stage, b.tile_stage)
+            and np.array_equal(a.routes.inputs, b.routes.inputs) and np.array_equal(a.routes.outputs, b.routes.outputs))
 
 
 def sequence_groups(cand: Candidate) -> tuple[tuple[int, ...], ...]:

@@ -58,6 +58,7 @@ class HFTrainConfig:
     intermediate: int = 128
     vocab: int = 256
     block_size: int = 64
+    epsilon_memory: float = 0.1  # dcp's memory budget (resident tokens per rank <= (1 + this) x mean)
     masks: tuple = ("causal",)  # "name" or "name:key=value,..." per sample, in turn
     distribution: str = "megatron_mock"
     length_scale: float = 0.25
@@ -148,7 +149,7 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
     if world_size > 1:
         broadcast_parameters(model.parameters(), group)
     planner_config = dcp.PlannerConfig(block_size=cfg.block_size, partitioner=dcp.GreedyPartitioner(), seed=cfg.seed,
-                                       time_budget_s=None)
+                                       time_budget_s=None, epsilon_memory=cfg.epsilon_memory)
     loader = DCPLoader(samples(cfg), dcp.Cluster(1, world_size), planner_config, cfg.tokens_per_batch,
                        **dcp_hf.batch_geometry(model), rank=rank, world_size=world_size, group=group,
                        lookahead=cfg.lookahead, worker=WorkerConfig(mode=cfg.planner), device=device)
@@ -195,7 +196,7 @@ def parse_args(argv=None) -> HFTrainConfig:
     for name in ("steps", "seed", "tokens_per_batch", "layers", "hidden", "heads", "kv_heads", "intermediate",
                  "vocab", "block_size", "min_len", "lookahead"):
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    for name in ("length_scale", "lr"):
+    for name in ("length_scale", "lr", "epsilon_memory"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     ap.add_argument("--mask", action="append", default=None, metavar="NAME[:K=V,...]",
                     help="mask family (dcp.masks.MASKS) with parameters; repeat to give samples different masks")

@@ -52,7 +52,8 @@ def results(tmp_path_factory):
 def test_micro_csv_columns(results):
     rows = read_csv(results / "micro_a100.csv")
     assert ROW_COLUMNS <= set(rows[0])
-    assert {r["planner"] for r in rows} == set(micro.PLANNER_NAMES)
+    # dcp_same_memory rows appear only where a faster baseline holds more memory than dcp's budget
+    assert set(micro.PLANNER_NAMES) <= {r["planner"] for r in rows} <= {*micro.PLANNER_NAMES, micro.SAME_MEMORY}
     assert all(r["simulated"] == "True" and r["profile"] == "a100" and r["machine"] for r in rows)
     assert all(float(r["fwd_ms"]) >= float(r["ideal_fwd_ms"]) * (1 - 1e-9) for r in rows)
     summary = read_csv(results / "micro_a100_summary.csv")

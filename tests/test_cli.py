@@ -86,17 +86,21 @@ def test_progress_speaks_only_for_slow_steps():
     assert lines[0] == "slow step ..." and lines[1].startswith("slow step: done in ") and len(lines) == 2
 
 
-def _row(name, ms, total, inter=0, imbalance=1.0):
+def _row(name, ms, total, inter=0, imbalance=1.0, memory=1.0):
     return {"planner": name, "sim_fwd_bwd_ms": ms, "comm_bytes_total": total, "comm_bytes_inter_node": inter,
-            "compute_imbalance": imbalance}
+            "compute_imbalance": imbalance, "memory_imbalance": memory, "max_resident_tokens": int(1000 * memory),
+            "peak_buffer_MiB": 3.0}
 
 
-def test_verdict_names_the_fastest_and_the_byte_ratio():
-    speed, volume = verdict([_row("dcp", 5.0, 2e9, 1e8, 1.05), _row("zigzag", 7.5, 8e9), _row("megatron", 6.0, 1e9)])
+def test_verdict_names_the_fastest_the_byte_ratio_and_memory():
+    speed, volume, memory = verdict([_row("dcp", 5.0, 2e9, 1e8, 1.05, 1.08), _row("zigzag", 7.5, 8e9),
+                                     _row("megatron", 6.0, 1e9)])
     assert speed.startswith("fastest by simulated time: dcp, 5.00 ms") and "1.20x faster" in speed and "megatron" in speed
     assert "2.00x the baseline that moves the fewest (megatron, 1.00 GB)" in volume
-    speed, _ = verdict([_row("dcp", 9.0, 2e9), _row("zigzag", 6.0, 8e9)])
-    assert speed.startswith("fastest by simulated time: zigzag, 6.00 ms") and "dcp simulates 9.00 ms (1.50x slower)" in speed
+    assert "1,080 resident tokens" in memory and "budget 1.10x" in memory and "faster only" not in memory
+    speed, _, memory = verdict([_row("dcp", 9.0, 2e9), _row("zigzag", 6.0, 8e9), _row("megatron", 5.0, 1e9, memory=1.6)])
+    assert speed.startswith("fastest by simulated time: megatron, 5.00 ms") and "dcp simulates 9.00 ms (1.80x slower)" in speed
+    assert "megatron is faster only by holding 1.60x the mean tokens" in memory and "zigzag" not in memory
 
 
 def test_demo_plans_prints_a_verdict_and_says_the_checked_batch_is_small():

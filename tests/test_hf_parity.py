@@ -9,7 +9,8 @@ train for 5 steps on the same packed batches, twice each:
   mask (sparse masks: lambda and causal-blockwise, alternating per sequence).
 fp32 losses agree within 1e-5 relative at every step and every parameter's first-step gradient within
 rtol 1e-5 (atol 1e-7 for entries near zero). A fifth case packs one 40-token sequence per batch (two token
-blocks at most on four devices), so ranks are idle at every step and run a placeholder token.
+blocks at most on four devices) under a loose memory budget (``epsilon_memory=10``: dcp may keep it
+whole), so ranks are idle at every step and run a placeholder token.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ CASES = {  # name -> (dcp config, the reference's attention)
     "llama-sparse": (HFTrainConfig(**{**BASE.__dict__, "family": "llama", "masks": SPARSE}), "eager"),
     "qwen2-sparse": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2", "masks": SPARSE}), "eager"),
     "qwen2-idle-ranks": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2", "tokens_per_batch": 40, "min_len": 40,
-                                          "length_scale": 0.001}), "sdpa"),
+                                          "length_scale": 0.001, "epsilon_memory": 10.0}), "sdpa"),
 }
 
 

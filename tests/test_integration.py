@@ -146,7 +146,8 @@ def test_planner_failure_surfaces_as_dcp_error(plan_fn, error, match):
 def test_failing_partitioner_keeps_its_error_type():
     """The real planner path: a partitioner that raises (no time budget, so no greedy fallback) gives a
     ``PlanningError`` carrying the original type and traceback (inline here; the worker runs the same job)."""
-    config = dcp.PlannerConfig(block_size=16, partitioner=_FailingPartitioner(), time_budget_s=None)
+    # a loose memory budget, so that the search runs the hypergraph candidate (and its partitioner)
+    config = dcp.PlannerConfig(block_size=16, partitioner=_FailingPartitioner(), time_budget_s=None, epsilon_memory=1.0)
     planner = InlinePlanner(dcp.Cluster(1, 2), config)
     job = planner.submit(dcp.BatchSpec([30, 40], CausalMask(), **HEADS))
     with pytest.raises(PlanningError, match="partitioner exploded") as info:

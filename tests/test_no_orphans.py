@@ -29,7 +29,8 @@ import dcp
 from dcp.masks import CausalMask
 
 SPEC = dcp.BatchSpec([300, 120], CausalMask(), 2, 1, 8)
-CONFIG = dcp.PlannerConfig(block_size=32, time_budget_s=60)  # Mt-KaHyPar in the partitioner worker
+# Mt-KaHyPar in the partitioner worker (a loose memory budget, so that the search runs the hypergraph candidate)
+CONFIG = dcp.PlannerConfig(block_size=32, time_budget_s=60, epsilon_memory=1.0)
 
 
 def plan_then_hang(description, cluster, config):

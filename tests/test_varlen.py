@@ -107,7 +107,11 @@ def test_real_plans_need_few_calls(family):
     """The call count is the number of distinct windows, not of tiles."""
     rng = np.random.default_rng(zlib.crc32(family.encode()))
     seqlens = [300, 170, 64]
-    plan = build(seqlens, [mask_for(family, n, rng) for n in seqlens], 2, 1, 8, (1, 2), 32, None)
+    masks = [mask_for(family, n, rng) for n in seqlens]
+    plan = build(seqlens, masks, 2, 1, 8, (1, 2), 32, None)
+    # full, causal, and sliding bands of the masks' window widths (<= 2 widths per mask family; a device
+    # holding sequences with different windows sees each of their bands)
+    allowed = max(4, 2 + len({m.window for m in masks if hasattr(m, "window")}))
     tab = plan_tables(plan)
     n_tables = 0
     for direction in ("forward", "backward"):
@@ -118,8 +122,7 @@ def test_real_plans_need_few_calls(family):
                     sched = build_schedule(c.table, c.q_hi - c.q_lo, c.kv_hi - c.kv_lo)
                     windows = {call.window for call in sched.calls}
                     assert len(sched.calls) == len(windows)
-                    # full, causal, and sliding bands of the mask's window widths (<= 2 widths per mask)
-                    assert len(windows) <= 4, (family, windows)
+                    assert len(windows) <= allowed, (family, windows)
                     n_tables += 1
     assert n_tables > 0
 

@@ -118,6 +118,9 @@ def summarize(rows: list[dict]) -> list[dict]:
             row[f"{p}_fwd_ms"], row[f"{p}_bwd_ms"] = round(t[p][0], 4), round(t[p][1], 4)
             row[f"{p}_iter_ms"] = round(sum(t[p]), 4)
             row[f"{p}_inter_node_MB"] = round(mean(r["comm_bytes_inter_node"] for r in ps) / 1e6, 3)
+            row[f"{p}_memory_imbalance"] = round(max(float(r["memory_imbalance"]) for r in ps), 3)
+            row[f"{p}_peak_buffer_MiB"] = round(max(max(float(r["peak_buffer_fwd_MiB"]), float(r["peak_buffer_bwd_MiB"]))
+                                                    for r in ps), 3)
         for p in ("dcp", "dcp_auto"):
             if p in t and "megatron_dyncp" in t:
                 m = t["megatron_dyncp"]
@@ -156,6 +159,7 @@ def cmd_megatron(args) -> int:
         print(f"wrote {path}")
     print("\nSIMULATED attention (fwd+bwd of one layer): megatron_dyncp time / dcp time (> 1: dcp faster)")
     print(fmt_table(summary, ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
-                              "dcp_auto_iter_ms", "dcp_auto_speedup_iter", "dcp_chosen"]))
+                              "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_auto_speedup_iter",
+                              "dcp_chosen"]))
     print(f"\nmegatron mock: {time.perf_counter() - started:.0f} s on {machine()}")
     return 0
