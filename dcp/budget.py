@@ -23,8 +23,6 @@ import numpy as np
 
 from dcp.errors import MemoryBudgetError
 
-#: how many of the fastest candidates the transient-buffer check builds programs for before giving up
-TRANSIENT_CHECKS = 4
 
 
 @dataclass(frozen=True)
@@ -88,18 +86,18 @@ SIMULATE_WITHIN = 0.1
 def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_top: int = 0,
          token_time_s: float = 0.0, memo: dict | None = None) -> tuple[object, list[str]]:
     """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
-    or the least over it). The first ``max(simulate_top, TRANSIENT_CHECKS)`` have their programs built:
-    those within the transient budget compete by simulated time (``dcp.sim``, the first ``simulate_top``;
-    0: the estimate's order stands), so the plan's time is its simulated time, not an estimate; when none
-    of them is within the transient budget, the one with the smallest peak stands (with a note). Only
-    candidates estimated within ``SIMULATE_WITHIN`` of the first are simulated. ``memo``: results per
+    or the least over it). Their programs are built in that order until one is within the transient
+    budget; of the first ``simulate_top`` those within it and estimated within ``SIMULATE_WITHIN`` of the
+    first compete by simulated time (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time
+    is its simulated time, not an estimate's. When none is within the transient budget, the one with the
+    smallest peak stands (with a note). ``memo``: results per
     candidate kept across calls of one planning run."""
     if budget.transient_bytes is None and simulate_top <= 1:
         return ranked[0], []
     memo = {} if memo is None else memo
     checked, fits = [], []
     first_s = ranked[0].step_s(token_time_s)
-    for i, cand in enumerate(ranked[:max(simulate_top, TRANSIENT_CHECKS)]):
+    for i, cand in enumerate(ranked):
         close = i < simulate_top and cand.step_s(token_time_s) <= first_s * (1 + SIMULATE_WITHIN)
         if i > 0 and not close and fits:
             break  # a candidate within the transient budget is in hand and the rest are not close

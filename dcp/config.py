@@ -93,7 +93,7 @@ class SearchConfig:
     token_time_s: float = 0.0
     hypergraph_max_tiles: int = 4096
     warm_starts: tuple = field(default_factory=_default_warm_starts)
-    warm_start_max_tiles: int = 20000
+    warm_start_max_tiles: int = 65536
     simulate_top: int = 3
     block_size_factors: tuple[float, ...] = (0.5, 2.0)
 
@@ -166,8 +166,11 @@ class PlannerConfig:
             ``max_seqlen_per_rank`` plays this role); the budget is the smaller of the two. None: no cap.
         transient_budget: the peak bytes of transient buffers (received inputs and partial outputs
             alive at once, ``dcp.memory``) a device may hold in either direction, as a multiple of the
-            bytes of the attention activations (q, k, v and o) of the budget's tokens; candidates above
-            it are chosen only when none is within it (with the same warning/error). None: no limit.
+            bytes of one layer's attention activations (q, k, v and o) of the budget's tokens; candidates
+            above it are chosen only when none is within it (with the same warning/error). The default, 8,
+            admits every static CP plan of the paper's grid (TE a2a+p2p needs up to 4.7, ring 1.1) and
+            stops q-stationary plans from gathering a long sequence's keys onto one device at once. This is
+            per-layer working memory, freed after the layer. None: no limit.
         strict_memory: raise ``MemoryBudgetError`` instead of warning when no candidate fits the budget.
         seed: partitioner seed.
         max_stages: rounds of transfers overlapped with compute when the search does not choose them
@@ -190,7 +193,7 @@ class PlannerConfig:
     epsilon_intra: float = 0.045
     epsilon_memory: float = 0.1
     max_tokens_per_device: int | None = None
-    transient_budget: float | None = 4.0
+    transient_budget: float | None = 8.0
     strict_memory: bool = False
     seed: int = 0
     max_stages: int = 4

@@ -177,8 +177,8 @@ class DCPPlanner(Planner):
         if not cfg.search.warm_starts:
             return []
         warm, groups, warm_skipped, aliases = warm_candidates(
-            spec, cluster, cfg.search.warm_starts, cfg.cost_model, self._stage_counts(), cfg.two_phase,
-            cfg.search.warm_start_max_tiles, cfg.token_budget(spec.total_tokens, cluster.n_devices))
+            spec, cluster, cfg.search.warm_starts, cfg.cost_model, cfg.two_phase, cfg.search.warm_start_max_tiles,
+            cfg.token_budget(spec.total_tokens, cluster.n_devices))
         seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
         for cand in warm:
             cands.append(cand)

@@ -34,8 +34,8 @@ def default_warm_planners() -> tuple:
             LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
 
 
-def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_counts: tuple[int, ...],
-                    two_phase: bool, max_tiles: int, token_budget: float) -> tuple[list[Candidate], dict, list[str]]:
+def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase: bool, max_tiles: int,
+                    token_budget: float) -> tuple[list[Candidate], dict, list, list]:
     """(candidates, groups per label for refinement, skipped planners with the reason, (planner, label of
     the earlier candidate) for planners whose plan was identical to an earlier one) of ``planners`` (and
     of a Megatron planner capped at the token budget, ``_with_token_caps``)."""
@@ -44,7 +44,7 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_cou
     skipped: list[str] = []
     aliases: list[tuple[str, str]] = []
     seen: dict = {}  # label -> parts of the warm starts evaluated so far
-    for planner in _with_token_caps(planners, token_budget):
+    for planner, suffix in _with_token_caps(planners, token_budget):
         name = planner.name
         try:
             n_tiles = planner.estimated_tiles(spec, cluster)
@@ -58,7 +58,7 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_cou
         if parts.layout.grouped:  # a grouped layout is the plan a ring runs, not a placement to search from
             skipped.append(f"{name} (grouped shards)")
             continue
-        label = f"warm({name})" if getattr(planner, "_budget_variant", False) is False else f"warm({name}@budget)"
+        label = f"warm({name}{suffix})"
         twin = next((lab for lab, other in seen.items() if _same_plan(other, parts)), None)
         if twin is not None:  # the very plan an earlier warm start gave: contained already
             aliases.append((name, twin))
@@ -73,17 +73,16 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, stage_cou
 
 
 def _with_token_caps(planners, token_budget: float):
-    """``planners``, each Megatron dynamic CP planner without a ``max_seqlen_per_rank`` followed by one
-    capped at the token budget: its packer then keeps every device within dcp's memory budget where it
-    can (uncapped it fills devices to the mean and overflows them when a sequence fits no group)."""
+    """(planner, label suffix) for ``planners``, each Megatron dynamic CP planner without a
+    ``max_seqlen_per_rank`` followed by one capped at the token budget ("@budget"): its packer then keeps
+    every device within dcp's memory budget where it can (uncapped it fills devices to the mean and
+    overflows them when a sequence fits no group)."""
     from dcp.baselines import MegatronDynCPPlanner
 
     for planner in planners:
-        yield planner
+        yield planner, ""
         if isinstance(planner, MegatronDynCPPlanner) and planner.max_seqlen_per_rank is None:
-            capped = MegatronDynCPPlanner(max_seqlen_per_rank=max(int(token_budget), 1))
-            object.__setattr__(capped, "_budget_variant", True)
-            yield capped
+            yield MegatronDynCPPlanner(max_seqlen_per_rank=max(int(token_budget), 1)), "@budget"
 
 
 def _same_plan(a, b) -> bool:

@@ -160,6 +160,12 @@ def _paper_ref(dataset: str, max_len: int, mask: str) -> str:
     return PAPER_REFERENCE.get((dataset, max_len, mask)) or PAPER_REFERENCE.get(mask, "")
 
 
+def _peak_buffer(plan) -> int:
+    """The most transient bytes one device holds at once in either direction (``dcp.memory``)."""
+    st = plan.stats()
+    return max(st.peak_transient_bytes_forward, st.peak_transient_bytes_backward)
+
+
 def run_e2e(cfg: E2EConfig) -> list[dict]:
     """Run the grid; one row per (dataset, max_len, mask, planner)."""
     from dcp.baselines import ZigzagPlanner
@@ -194,7 +200,7 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
             started = time.perf_counter()
             groups = greedy_groups(lens, cfg.n_devices // c)
             gcl = Cluster(max(1, c // cfg.gpus_per_node), min(c, cfg.gpus_per_node))
-            attn_s, fwd_s, bwd_s, max_tok = 0.0, 0.0, 0.0, 0.0
+            attn_s, fwd_s, bwd_s, max_tok, buf = 0.0, 0.0, 0.0, 0.0, 0
             for sub in groups:
                 if not sub:
                     continue
@@ -203,11 +209,14 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
                 if fwd.makespan_s + bwd.makespan_s > attn_s:
                     attn_s, fwd_s, bwd_s = fwd.makespan_s + bwd.makespan_s, fwd.makespan_s, bwd.makespan_s
                 max_tok = max(max_tok, float(tokens_per_device(plan).max()))
+                buf = max(buf, _peak_buffer(plan))
             other_s = other_time_s(max_tok, m, peak, cfg.mfu)
             cell_rows.append(dict(cell, planner=f"megatron_cp{c}", cp_size=c, block_size="",
                                   attention_fwd_ms=round(fwd_s * 1e3, 4), attention_bwd_ms=round(bwd_s * 1e3, 4),
                                   attention_ms=round(attn_s * 1e3, 4), other_ms=round(other_s * 1e3, 4),
                                   max_device_tokens=int(max_tok),
+                                  memory_imbalance=round(max_tok * cfg.n_devices / sum(lens), 4),
+                                  peak_buffer_MiB=round(buf / 2**20, 3),
                                   iteration_s=_sig(m.layers * (attn_s + other_s)),
                                   planning_time_s=round(time.perf_counter() - started, 3)))
         best = min(cell_rows, key=lambda r: r["iteration_s"])
@@ -226,7 +235,9 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
                               block_size=bsz,
                               attention_fwd_ms=round(fwd_s * 1e3, 4), attention_bwd_ms=round(bwd_s * 1e3, 4),
                               attention_ms=round((fwd_s + bwd_s) * 1e3, 4), other_ms=round(other_s * 1e3, 4),
-                              max_device_tokens=int(max_tok), iteration_s=_sig(it),
+                              max_device_tokens=int(max_tok),
+                              memory_imbalance=round(max_tok * cfg.n_devices / sum(lens), 4),
+                              peak_buffer_MiB=round(_peak_buffer(plan) / 2**20, 3), iteration_s=_sig(it),
                               planning_time_s=round(plan_s, 3), chosen=plan.meta.get("search_chosen", ""),
                               **config_fields(config),
                               speedup_vs_megatron_best=round(best["iteration_s"] / _sig(it), 4),
@@ -240,7 +251,7 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
 
 
 HEADLINE = ["dataset", "max_len", "mask", "num_seqs", "megatron_best_cp", "block_size", "attention_ms", "other_ms",
-            "iteration_s", "speedup_vs_megatron_best"]
+            "memory_imbalance", "peak_buffer_MiB", "iteration_s", "speedup_vs_megatron_best"]
 
 
 def add_parser(sub) -> None:
