@@ -138,7 +138,7 @@ class DCPPlanner(Planner):
         warm_names = self._warm(spec, cluster, layout, tiles, cands, packings, skipped)
         budget = MemoryBudget.of(spec, cluster, cfg)
         memo: dict = {}  # programs, transient peaks and simulated times of candidates, across the choices below
-        cands = self._widen(spec, cluster, cands, budget)
+        cands = self._widen(spec, cluster, cands, budget, packings)
         best, memory_notes = choose(cands, cfg, budget, spec, cluster, memo)
         if best.label in packings and packings[best.label][2] is not None and cfg.search.block_size_factors:
             best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
@@ -214,9 +214,10 @@ class DCPPlanner(Planner):
             return (cfg.max_stages,)
         return (counts[len(counts) // 2],) if len(counts) > 2 else counts
 
-    def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget) -> list[Candidate]:
-        """The two candidates estimated fastest (of those within the token budget), scheduled at every
-        stage count of the search."""
+    def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget,
+               packings: dict) -> list[Candidate]:
+        """The candidates plus the two estimated fastest (of those within the token budget) scheduled at
+        every stage count of the search ("<label>/staged"; ``packings`` learns their labels)."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
@@ -225,7 +226,13 @@ class DCPPlanner(Planner):
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
         for i in ranked[:2]:
-            out[i] = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
+            wide = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
+            if wide is cands[i]:
+                continue
+            # both stay: the widened schedules are estimated faster, but may hold more transient buffers
+            out.append(dataclasses.replace(wide, label=cands[i].label + "/staged"))
+            if cands[i].label in packings:
+                packings[wide.label + "/staged"] = packings[cands[i].label]
         return out
 
     def _resize(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], packings: dict,
