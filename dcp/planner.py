@@ -227,8 +227,8 @@ class DCPPlanner(Planner):
         out = list(cands)
         for i in ranked[:2]:
             wide = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
-            if wide is cands[i]:
-                continue
+            if wide.stages == cands[i].stages:
+                continue  # no other stage count was estimated faster
             # both stay: the widened schedules are estimated faster, but may hold more transient buffers
             out.append(dataclasses.replace(wide, label=cands[i].label + "/staged"))
             if cands[i].label in packings:
