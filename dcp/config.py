@@ -93,7 +93,7 @@ class SearchConfig:
     token_time_s: float = 0.0
     hypergraph_max_tiles: int = 4096
     warm_starts: tuple = field(default_factory=_default_warm_starts)
-    warm_start_max_tiles: int = 65536
+    warm_start_max_tiles: int = 131072
     simulate_top: int = 3
     block_size_factors: tuple[float, ...] = (0.5, 2.0)
 

@@ -128,21 +128,23 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
             return (n / (n + half_extent)) / (part / (part + half_extent))
 
         # the fraction of the sequence each device can take, in work (its split part runs slower) and tokens
-        room = np.minimum((cap_w - load) / (w * slow(min(1.0, cap_w / w))), (cap_t - tokens) / t)
+        # token room in whole tokens (a device with less than one token of room takes no part)
+        token_left = np.floor(np.maximum(cap_t - tokens, 0.0) + 1e-9)
+        room = np.minimum((cap_w - load) / (w * slow(min(1.0, cap_w / w))), token_left / t)
         members = _group(room, gpn)
         if members.size:
             share = room[members] / room[members].sum()
         else:  # not enough room left: water-fill the least loaded devices, each within its token room
             need = w * slow(min(1.0, cap_w / w))
-            members, share = _capped_water_fill(load, need, np.maximum(cap_t - tokens, 0.0) / t)
+            members, share = _capped_water_fill(load, need, token_left / t)
         groups[s], shares[s] = tuple(members.tolist()), share
         load[members] += share * w * slow(share)
         if profiles is None:  # a measuring pass: members take their shares
             tokens[members] += share * t
             continue
         tau = 0.0 if token_share is None else float(token_share[s])
-        bounds, owner = cuts[s] = zigzag_cuts(None, members, share, block_size, tau,
-                                              np.maximum(cap_t - tokens[members], 0.0), profiles[s])
+        bounds, owner = cuts[s] = zigzag_cuts(None, members, share, block_size, tau, token_left[members],
+                                              profiles[s])
         tokens += np.bincount(owner, weights=np.diff(bounds), minlength=n_dev)
     return groups, shares, cuts, load
 
@@ -281,9 +283,11 @@ def _clamp_cuts(xs: np.ndarray, caps: np.ndarray, seqlen: int, per_step: int) ->
     the rest. When the caps add up to less than the sequence, the rest stays on the last member."""
     xs = xs.astype(np.int64).copy()
     g = caps.size
+    # whole tokens a member can take: a multiple of per_step, except the last member's remainder
+    caps = np.append(per_step * np.floor(caps[:-1] / per_step), np.floor(caps[-1:]))
     after = np.concatenate([np.cumsum(caps[::-1])[::-1][1:], [0.0]])  # caps of the members after m
     for m in range(g - 1):
-        hi = xs[m] + int(np.floor(caps[m] / per_step))
+        hi = xs[m] + int(caps[m] // per_step)
         lo = int(np.ceil((seqlen - after[m]) / per_step))
         xs[m + 1] = max(xs[m], min(max(int(xs[m + 1]), lo), hi))
     limit = xs[-1]

@@ -221,7 +221,8 @@ class DCPPlanner(Planner):
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
-        fits = {id(c) for c in within_tokens(cands, budget)[0]}
+        # a static plan this large keeps its own schedule (rescheduling its tiles would cost seconds)
+        fits = {id(c) for c in within_tokens(cands, budget)[0] if c.tiles.n_tiles <= WIDEN_MAX_TILES}
         ranked = sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
@@ -341,6 +342,10 @@ class DCPPlanner(Planner):
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         return evaluate("hypergraph", spec, cluster, layout, tiles, placed.home, placed.tile_device, cfg.cost_model,
                         self._stage_counts(), cfg.two_phase, placed.fallbacks)
+
+
+#: candidates with more tiles than this are not rescheduled at other stage counts (``DCPPlanner._widen``)
+WIDEN_MAX_TILES = 65536
 
 
 class _Dropped(Exception):
