@@ -9,8 +9,8 @@ Two quantities per device decide whether a plan fits where static context parall
   ``dcp.memory.transient_peak_bytes``): at most ``PlannerConfig.transient_budget x`` the bytes of the
   attention activations (q, k, v and o) of the budget's tokens.
 
-``choose_within`` keeps the candidates within both budgets (resident tokens first: it filters, transient
-buffers are checked lazily from the fastest candidate down, since they need the programs). When no
+``within_tokens`` keeps the candidates within the token budget; ``pick`` then checks transient buffers
+lazily from the fastest candidate down (they need the programs) and makes the final, simulated choice. When no
 candidate fits, the one holding the fewest tokens (then the smallest buffers) stands, with a
 ``RuntimeWarning`` naming the device and its figures, or ``MemoryBudgetError`` under ``strict_memory``.
 """
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.errors import MemoryBudgetError
-
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,9 @@ def candidate_programs(cand, spec, cluster):
 
 def plan_transient(plan) -> np.ndarray:
     """Peak transient bytes per device of a plan, the larger of the two directions (``dcp.memory``)."""
-    from dcp.memory import transient_peak_bytes
+    from dcp.memory import plan_transient_peaks
 
-    peaks = [transient_peak_bytes(plan.spec, plan.layout, plan.columns(d), plan.tile_device, plan.home,
-                                  plan.n_devices, plan.tiles) for d in ("forward", "backward")]
-    return np.maximum(*peaks)
+    return np.maximum(*plan_transient_peaks(plan).values())
 
 
 def within_tokens(cands: list, budget: MemoryBudget) -> tuple[list, bool]:

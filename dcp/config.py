@@ -121,18 +121,10 @@ class SearchConfig:
         bf = self.block_size_factors
         object.__setattr__(self, "block_size_factors", () if bf in ((), []) else
                            _numbers("block_size_factors", bf, 1 / 64, 64))
-        st = self.simulate_top
-        if not isinstance(st, int) or isinstance(st, bool) or st < 0:
-            raise InvalidConfigError(f"simulate_top must be an int >= 0, got {st!r}")
-        wt = self.warm_start_max_tiles
-        if not isinstance(wt, int) or isinstance(wt, bool) or wt < 0:
-            raise InvalidConfigError(f"warm_start_max_tiles must be an int >= 0, got {wt!r}")
-        mt = self.hypergraph_max_tiles
-        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 0:
-            raise InvalidConfigError(f"hypergraph_max_tiles must be an int >= 0, got {mt!r}")
-        r = self.refine_evaluations
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0:
-            raise InvalidConfigError(f"refine_evaluations must be an int >= 0, got {r!r}")
+        for name in ("simulate_top", "warm_start_max_tiles", "hypergraph_max_tiles", "refine_evaluations"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InvalidConfigError(f"{name} must be an int >= 0, got {v!r}")
         m = self.max_compute_imbalance
         if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or not m >= 1):
             raise InvalidConfigError(f"max_compute_imbalance must be a number >= 1 or None, got {m!r}")
@@ -243,6 +235,10 @@ class PlannerConfig:
         if self.max_tokens_per_device is not None:
             budget = min(budget, float(self.max_tokens_per_device))
         return budget
+
+    def budget_ratio(self, total_tokens: int, n_devices: int) -> float:
+        """``token_budget`` over the mean tokens per device (1 + the effective memory tolerance)."""
+        return self.token_budget(total_tokens, n_devices) * n_devices / total_tokens
 
     @property
     def compute_tolerance(self) -> float:

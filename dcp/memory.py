@@ -33,6 +33,7 @@ import numpy as np
 
 from dcp.blocks import BlockLayout, TileSet
 from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.setops import lookup
 from dcp.spec import BatchSpec
 from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, unit_bytes
 
@@ -84,13 +85,6 @@ def _group(keys: np.ndarray, vals: np.ndarray, reduce) -> tuple[np.ndarray, np.n
     return ukeys, out
 
 
-def _lookup(ukeys: np.ndarray, uvals: np.ndarray, query: np.ndarray, default) -> np.ndarray:
-    """Value of each query key in (ukeys, uvals), ``default`` where absent."""
-    pos = np.minimum(np.searchsorted(ukeys, query), max(ukeys.size - 1, 0))
-    found = (ukeys[pos] == query) if ukeys.size else np.zeros(query.size, dtype=bool)
-    return np.where(found, uvals[pos] if ukeys.size else 0, default)
-
-
 def transient_peak_bytes(spec: BatchSpec, layout: BlockLayout, program: Program, tile_device: np.ndarray,
                          home: np.ndarray, n_devices: int, tiles: TileSet) -> np.ndarray:
     """int64 ``[n_devices]``: the peak transient bytes of one direction per device (module docstring).
@@ -127,7 +121,7 @@ def transient_peak_bytes(spec: BatchSpec, layout: BlockLayout, program: Program,
     rkey, r0 = _group(row_keys(inp, DST), inp[:, ROUND], np.minimum)
     ukey, uend = _group(np.concatenate([tile_keys(in_kinds), row_keys(inp, SRC)]),
                         np.concatenate([np.tile(stage + 1, len(in_kinds)), inp[:, ROUND]]), np.maximum)
-    add(rkey, r0, np.maximum(r0, _lookup(ukey, uend, rkey, 0)))
+    add(rkey, r0, np.maximum(r0, lookup(ukey, uend, rkey, 0)))
 
     # accumulators of units homed elsewhere: first contribution (stage + 1) or partial receive .. last send
     akey, a0 = _group(np.concatenate([tile_keys(out_kinds), row_keys(part, DST)]),
@@ -136,7 +130,7 @@ def transient_peak_bytes(spec: BatchSpec, layout: BlockLayout, program: Program,
     away = np.asarray(home, dtype=np.int64)[tb] != d
     akey, a0 = akey[away], a0[away]
     skey, sent = _group(row_keys(part, SRC), part[:, ROUND], np.maximum)
-    add(akey, a0, np.maximum(a0, _lookup(skey, sent, akey, last)))
+    add(akey, a0, np.maximum(a0, lookup(skey, sent, akey, last)))
 
     # received partials: their round only
     starts.append(part[:, ROUND]), ends.append(part[:, ROUND]), devs.append(part[:, DST])
@@ -152,15 +146,19 @@ def transient_peak_bytes(spec: BatchSpec, layout: BlockLayout, program: Program,
     return alive[:, 1:last + 1].max(axis=1)
 
 
+def plan_transient_peaks(plan) -> dict[str, np.ndarray]:
+    """``transient_peak_bytes`` of a plan's forward and backward programs, by direction."""
+    return {d: transient_peak_bytes(plan.spec, plan.layout, plan.columns(d), plan.tile_device, plan.home,
+                                    plan.n_devices, plan.tiles) for d in ("forward", "backward")}
+
+
 def memory_report(plan) -> dict:
     """Per-device int64 arrays: ``resident_tokens``, ``resident_input_bytes``, and per direction
     ``peak_transient_bytes_<direction>`` and ``received_bytes_<direction>`` (module docstring)."""
-    n = plan.n_devices
     tokens = resident_tokens(plan)
     out = {"resident_tokens": tokens, "resident_input_bytes": resident_input_bytes(plan.spec, plan.layout, tokens)}
-    for direction in ("forward", "backward"):
-        prog = plan.columns(direction)
-        out[f"peak_transient_bytes_{direction}"] = transient_peak_bytes(
-            plan.spec, plan.layout, prog, plan.tile_device, plan.home, n, plan.tiles)
-        out[f"received_bytes_{direction}"] = received_bytes(plan.spec, plan.layout, prog, n)
+    for direction, peak in plan_transient_peaks(plan).items():
+        out[f"peak_transient_bytes_{direction}"] = peak
+        out[f"received_bytes_{direction}"] = received_bytes(plan.spec, plan.layout, plan.columns(direction),
+                                                            plan.n_devices)
     return out

@@ -122,7 +122,8 @@ class DCPPlanner(Planner):
         pending = None
         notes: list[str] = []
         skipped: list[str] = []
-        if cfg.search.hypergraph and not self._hypergraph_misses_budget(spec, cluster, layout, skipped):
+        budget = MemoryBudget.of(spec, cluster, cfg)
+        if cfg.search.hypergraph and not self._hypergraph_misses_budget(spec, cluster, layout, budget, skipped):
             pending = self._start_assign(spec, cluster, layout, tiles, cfg.partitioner, cfg.time_budget_s)
         try:
             cands, packings = self._packings(spec, cluster, layout, tiles)
@@ -135,8 +136,7 @@ class DCPPlanner(Planner):
         finally:
             if pending is not None:  # an error before the partitioner's result was taken
                 pending.cancel()
-        warm_names = self._warm(spec, cluster, layout, tiles, cands, packings, skipped)
-        budget = MemoryBudget.of(spec, cluster, cfg)
+        warm_names = self._warm(spec, cluster, layout, tiles, cands, packings, budget, skipped)
         memo: dict = {}  # programs, transient peaks and simulated times of candidates, across the choices below
         cands = self._widen(spec, cluster, cands, budget, packings)
         best, memory_notes = choose(cands, cfg, budget, spec, cluster, memo)
@@ -170,7 +170,7 @@ class DCPPlanner(Planner):
         return layout, tiles
 
     def _warm(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, cands: list[Candidate],
-              packings: dict, skipped: list[str]) -> list[str]:
+              packings: dict, budget: MemoryBudget, skipped: list[str]) -> list[str]:
         """Add the static planners' placements to ``cands`` (``dcp.warm``); returns the planners whose plans
         entered the search (directly or as an identical earlier plan) and notes the skipped ones."""
         cfg = self.config
@@ -178,7 +178,7 @@ class DCPPlanner(Planner):
             return []
         warm, groups, warm_skipped, aliases = warm_candidates(
             spec, cluster, cfg.search.warm_starts, cfg.cost_model, cfg.two_phase, cfg.search.warm_start_max_tiles,
-            cfg.token_budget(spec.total_tokens, cluster.n_devices))
+            budget.tokens)
         seq_w = sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
         for cand in warm:
             cands.append(cand)
@@ -188,7 +188,7 @@ class DCPPlanner(Planner):
         return list(dict.fromkeys(names))
 
     def _hypergraph_misses_budget(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
-                                  skipped: list[str]) -> bool:
+                                  budget: MemoryBudget, skipped: list[str]) -> bool:
         """Whether the time search skips the hypergraph candidate: its homes are whole token blocks, so
         when a block is larger than the memory budget's slack over the mean it can rarely keep every
         device within the budget (packings cut sequences at any token) and would cost the most planning
@@ -196,8 +196,7 @@ class DCPPlanner(Planner):
         cfg, search = self.config, self.config.search
         if search.objective != "time" or not (search.pack_epsilons or search.aligned_groups or search.warm_starts):
             return False
-        mean = spec.total_tokens / cluster.n_devices
-        slack = cfg.token_budget(spec.total_tokens, cluster.n_devices) - mean
+        slack = budget.tokens - spec.total_tokens / cluster.n_devices
         block = int(layout.tb_len.max())
         if block <= slack:
             return False
@@ -231,9 +230,10 @@ class DCPPlanner(Planner):
             if wide.stages == cands[i].stages:
                 continue  # no other stage count was estimated faster
             # both stay: the widened schedules are estimated faster, but may hold more transient buffers
-            out.append(dataclasses.replace(wide, label=cands[i].label + "/staged"))
+            label = cands[i].label + "/staged"
+            out.append(dataclasses.replace(wide, label=label))
             if cands[i].label in packings:
-                packings[wide.label + "/staged"] = packings[cands[i].label]
+                packings[label] = packings[cands[i].label]
         return out
 
     def _resize(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], packings: dict,
@@ -287,7 +287,7 @@ class DCPPlanner(Planner):
             weightings.append((",tokens", attention + token_work, token_work / np.maximum(attention + token_work, 1e-300)))
         weights, token_part = weightings[-1][1], weightings[-1][2]
         profiles = SequenceProfiles(spec)
-        budget_eps = cfg.token_budget(spec.total_tokens, cluster.n_devices) * cluster.n_devices / spec.total_tokens - 1
+        budget_eps = cfg.budget_ratio(spec.total_tokens, cluster.n_devices) - 1
         for suffix, w, part in weightings:
             for eps in epsilons:
                 # memory stays within the budget; when the tokens' own work is scored, the compute
@@ -319,7 +319,7 @@ class DCPPlanner(Planner):
         cfg = self.config
         # memory is balanced at two levels (nodes, then the GPUs of each): each gets the square root of the
         # budget's slack so that a device stays within it
-        budget = cfg.token_budget(spec.total_tokens, cluster.n_devices) * cluster.n_devices / spec.total_tokens
+        budget = cfg.budget_ratio(spec.total_tokens, cluster.n_devices)
         per_level = float(np.sqrt(max(budget, 1.0))) - 1 if cluster.nodes > 1 else budget - 1
         return start_assign(spec, layout, tiles, tiles.fwd_flops + tiles.bwd_flops, cluster.nodes,
                             cluster.gpus_per_node, partitioner, cfg.epsilon_inter, cfg.epsilon_intra,

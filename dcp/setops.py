@@ -30,3 +30,12 @@ def isin(x: np.ndarray, test: np.ndarray) -> np.ndarray:
         return np.zeros(x.shape, dtype=bool)
     at = np.minimum(np.searchsorted(table, x), table.size - 1)
     return table[at] == x
+
+
+def lookup(keys: np.ndarray, values: np.ndarray, query, default=-1) -> np.ndarray:
+    """``values`` at ``query`` in sorted unique ``keys``; ``default`` where absent."""
+    query = np.asarray(query, dtype=np.int64)
+    if keys.size == 0:
+        return np.full(query.shape, default, dtype=np.int64)
+    at = np.minimum(np.searchsorted(keys, query), keys.size - 1)
+    return np.where(keys[at] == query, values[at], default)

@@ -76,10 +76,10 @@ def plan_stats(plan: Plan) -> PlanStats:
         if direction == "forward" and t.size:
             rounds_fwd = int(t[:, 2].max())
     flops = np.bincount(plan.tile_device, weights=plan.tiles.fwd_flops, minlength=n)
-    tokens = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=n)
     mem = memory_report(plan)
     res, peak_f, peak_b = (mem[k] for k in ("resident_tokens", "peak_transient_bytes_forward",
                                              "peak_transient_bytes_backward"))
+    tokens = res.astype(float)
     valid = plan.meta.get("valid")
     if valid is None:
         try:

@@ -50,14 +50,6 @@ def validate(plan: Plan) -> None:
         pb.raise_if_any()
 
 
-def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray, default: int) -> np.ndarray:
-    """``values`` of the sorted, unique ``keys`` at ``query`` (``default`` where absent)."""
-    if keys.size == 0:
-        return np.full(query.shape, default, dtype=np.int64)
-    idx = np.minimum(np.searchsorted(keys, query), keys.size - 1)
-    return np.where(keys[idx] == query, values[idx], default)
-
-
 def _group_min(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted unique keys, the smallest value of each)."""
     order = np.lexsort((values, keys))
@@ -111,7 +103,7 @@ class _Check:
 
         def held_since(device, kind, unit_):
             """Round after which ``device`` holds the input (0: home; _NEVER: never)."""
-            since = _lookup(keys, first, self.node(device, kind, unit_), _NEVER)
+            since = setops.lookup(keys, first, self.node(device, kind, unit_), _NEVER)
             return np.where(self.home[unit_ // self.nhb] == device, 0, since)
 
         bad = held_since(rows[:, SRC], rows[:, KIND], unit) >= rows[:, ROUND]
@@ -173,7 +165,7 @@ class _Check:
             i = int(again[0])
             pb.add(f"{d} device {int(self.mg[i, DST])}: merges {self.name(self.mg[i, KIND], m_unit[i])} from "
                    f"device {int(self.mg[i, SRC])} twice")
-        arrived = _lookup(t_keys, t_rounds, m_pair, _NEVER)
+        arrived = setops.lookup(t_keys, t_rounds, m_pair, _NEVER)
         early = arrived > m_round
         if early.any():
             i = _first(early)
@@ -188,7 +180,7 @@ class _Check:
         # a partial is sent after everything that adds to it, and not empty
         order = np.argsort(s_node)
         s_keys, s_rounds = s_node[order], s_round[order]
-        sent_in = _lookup(s_keys, s_rounds, tile_node, _NEVER)
+        sent_in = setops.lookup(s_keys, s_rounds, tile_node, _NEVER)
         late = tile_stage > sent_in - 2
         if late.any():
             i = _first(late)
@@ -198,7 +190,7 @@ class _Check:
             pb.add(f"{d} device {int(dev[t])}: tile {t} (stage {int(run[j])}) adds to partial "
                    f"{self.name(tile_node[i] // self.n_units % _N_KINDS, tile_node[i] % self.n_units)} after it "
                    f"was sent in round {int(sent_in[i])}")
-        sent_in = _lookup(s_keys, s_rounds, m_node, _NEVER)
+        sent_in = setops.lookup(s_keys, s_rounds, m_node, _NEVER)
         late = m_round >= sent_in
         if late.any():
             i = _first(late)

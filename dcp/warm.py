@@ -13,13 +13,13 @@ A warm start is skipped when its planner estimates more than ``SearchConfig.warm
 (static plans cut every sequence over every device, so on large clusters their tile tables grow with
 P^2 per sequence, and scheduling them would dominate planning; such plans are also far from the best on
 those clusters), or when its planner cannot plan the batch (e.g. heads that do not divide); the plan's
-``meta["search_warm_starts"]`` names those that entered, ``meta["search_warm_skipped"]`` the others.
+``meta["search_warm_starts"]`` names those that entered, ``meta["search_skipped"]`` the others.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from dcp.candidates import Candidate, evaluate
+from dcp.candidates import Candidate, evaluate, same_placement
 from dcp.cluster import Cluster
 from dcp.errors import DcpError
 from dcp.spec import BatchSpec
@@ -87,8 +87,8 @@ def _with_token_caps(planners, token_budget: float):
 
 def _same_plan(a, b) -> bool:
     """Whether two static planners' parts are the same plan (placement and own schedule)."""
-    return (np.array_equal(a.layout.tb_start, b.layout.tb_start) and np.array_equal(a.layout.tb_len, b.layout.tb_len)
-            and a.layout.n_head_blocks == b.layout.n_head_blocks and np.array_equal(a.home, b.home)
+    return (same_placement(a, b.layout, b.home) and np.array_equal(a.layout.tb_len, b.layout.tb_len)
+            and a.layout.n_head_blocks == b.layout.n_head_blocks
             and np.array_equal(a.tile_device, b.tile_device) and np.array_equal(a.tile_stage, b.tile_stage)
             and np.array_equal(a.routes.inputs, b.routes.inputs) and np.array_equal(a.routes.outputs, b.routes.outputs))
 

@@ -30,6 +30,7 @@ import numpy as np
 from dcp.blocks import BlockLayout, TileSet, make_layout
 from dcp.errors import InvalidConfigError
 from dcp.schedule import Routes
+from dcp.setops import lookup
 from dcp.spec import BatchSpec
 
 
@@ -255,7 +256,7 @@ def _dkv_trees(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) 
     ukey, inv = np.unique(pos_key, return_inverse=True)
     last = np.full(ukey.size, -1, dtype=np.int64)
     np.maximum.at(last, inv, tile_stage)
-    own = lambda u, kq, tq: _lookup(ukey, last + 2, (u * width + kq) * width + tq)  # noqa: E731
+    own = lambda u, kq, tq: lookup(ukey, last + 2, (u * width + kq) * width + tq)  # noqa: E731
     units, kk, tt = ukey // width // width, ukey // width % width, ukey % width
     rows = []
     row = lambda u, src, dst, rnd: np.stack(  # noqa: E731
@@ -275,7 +276,7 @@ def _dkv_trees(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) 
     # spine: per unit, outer steps 1 .. k_max, closing on the origin
     n_units = k_max.size
     uu, kq = _expand(np.arange(n_units), k_max)
-    chain_in = _lookup(step, inner_in, uu * width + kq)
+    chain_in = lookup(step, inner_in, uu * width + kq)
     first = np.maximum(own(uu, kq, 0), np.where(chain_in >= 0, chain_in + 1, -1))
     rnd = _chain_rounds(uu, kq, first)
     at_end = kq == k_max[uu]
@@ -285,21 +286,12 @@ def _dkv_trees(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) 
     # the origin sends home what it gathered (from step 0's inner chain, the spine, its own tiles)
     got = np.full(n_units, -1, dtype=np.int64)
     got[uu[at_end]] = rnd[at_end]
-    got = np.maximum(got, _lookup(step, inner_in, np.arange(n_units) * width))
-    first = np.maximum(_lookup(ukey, last + 2, np.arange(n_units) * width * width), np.where(got >= 0, got + 1, -1))
+    got = np.maximum(got, lookup(step, inner_in, np.arange(n_units) * width))
+    first = np.maximum(lookup(ukey, last + 2, np.arange(n_units) * width * width), np.where(got >= 0, got + 1, -1))
     origin = ring.device(0, 0)
     u = np.flatnonzero((first >= 0) & (origin != home[unit_tb]))
     rows.append(row(u, origin[u], home[unit_tb[u]], first[u]))
     return np.concatenate(rows).astype(np.int64).reshape(-1, 6)
-
-
-def _lookup(keys: np.ndarray, values: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """``values`` at ``query`` in sorted unique ``keys``; -1 where absent."""
-    query = np.asarray(query, dtype=np.int64)
-    if keys.size == 0:
-        return np.full(query.shape, -1, dtype=np.int64)
-    at = np.minimum(np.searchsorted(keys, query), keys.size - 1)
-    return np.where(keys[at] == query, values[at], -1)
 
 
 def _dkv_trees_reference(kv_key, k, t, tile_stage, k_max, ring: Ring, home, unit_tb, nhb) -> np.ndarray:

@@ -36,6 +36,7 @@ from collections import Counter
 import numpy as np
 
 from dcp.bench.common import BASELINE_NAMES, git_revision, machine, plan_quietly
+from dcp.budget import MemoryBudget
 
 DEVICES = (2, 4, 8, 32, 64, 1024)
 PROFILES = ("a100", "h100", "cpu_amd_epyc_2c")
@@ -221,12 +222,11 @@ def draw_case(rng: np.random.Generator, *, case_id: int = 0, seed: int = 0, devi
 
 def _stats_fields(s) -> dict:
     """CSV fields of a ``PlanStats``."""
-    out = dict(compute_imbalance=round(s.compute_imbalance, 4), memory_imbalance=s.memory_imbalance,
-               comm_bytes_total=s.comm_bytes_total, comm_bytes_inter_node=s.comm_bytes_inter_node,
-               idle_devices=s.idle_devices, valid=s.valid)
-    for name in ("max_resident_tokens", "peak_transient_bytes_forward", "peak_transient_bytes_backward"):
-        out[name] = getattr(s, name, None)  # fields of the planner's memory work, absent before it lands
-    return out
+    return dict(compute_imbalance=round(s.compute_imbalance, 4), memory_imbalance=s.memory_imbalance,
+                comm_bytes_total=s.comm_bytes_total, comm_bytes_inter_node=s.comm_bytes_inter_node,
+                idle_devices=s.idle_devices, valid=s.valid, max_resident_tokens=s.max_resident_tokens,
+                peak_transient_bytes_forward=s.peak_transient_bytes_forward,
+                peak_transient_bytes_backward=s.peak_transient_bytes_backward)
 
 
 def warm_starts(plan) -> tuple[str, ...]:
@@ -236,25 +236,18 @@ def warm_starts(plan) -> tuple[str, ...]:
 
 
 def memory_budget(spec, cluster, config) -> tuple[float, float | None]:
-    """dcp's per-device memory budget for this batch: (resident tokens, transient bytes or None). The
-    planner's own (``dcp.budget.MemoryBudget``) when it has one, else ``(1 + epsilon_memory) x`` the mean
-    tokens and no transient limit."""
-    try:
-        from dcp.budget import MemoryBudget
-
-        budget = MemoryBudget.of(spec, cluster, config)
-        return float(budget.tokens), budget.transient_bytes
-    except (ImportError, AttributeError):
-        return (1 + config.epsilon_memory) * spec.total_tokens / cluster.n_devices, None
+    """dcp's per-device memory budget for this batch (``dcp.budget.MemoryBudget``): (resident tokens,
+    transient bytes or None)."""
+    budget = MemoryBudget.of(spec, cluster, config)
+    return float(budget.tokens), budget.transient_bytes
 
 
-def within_budget(plan, stats, budget: tuple[float, float | None]) -> bool:
+def within_budget(stats, budget: tuple[float, float | None]) -> bool:
     """Whether a plan keeps every device within ``budget`` (so that dcp's search could choose it)."""
     tokens, transient = budget
-    resident = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=plan.n_devices)
-    if resident.max(initial=0) > tokens * (1 + 1e-9):
+    if stats.max_resident_tokens > tokens * (1 + 1e-9):
         return False
-    peak = max((getattr(stats, f"peak_transient_bytes_{d}", None) or 0) for d in ("forward", "backward"))
+    peak = max(stats.peak_transient_bytes_forward, stats.peak_transient_bytes_backward)
     return transient is None or peak <= transient * (1 + 1e-9)
 
 
@@ -297,7 +290,7 @@ def run_case(case: SweepCase, planners=PLANNERS, mach: str | None = None, rev: s
         row.update(fwd_ms=round(fwd.makespan_s * 1e3, 6), bwd_ms=round(bwd.makespan_s * 1e3, 6),
                    step_ms=round((fwd.makespan_s + bwd.makespan_s) * 1e3, 6),
                    planning_time_s=round(plan.planning_time_s, 4), **_stats_fields(stats),
-                   within_dcp_memory_budget=within_budget(plan, stats, budget), warnings=" | ".join(warns))
+                   within_dcp_memory_budget=within_budget(stats, budget), warnings=" | ".join(warns))
         if name == "dcp":
             row.update(dcp_chosen=plan.meta.get("search_chosen", ""), search_warm_starts=",".join(warm_starts(plan)),
                        epsilon_memory=config.epsilon_memory,
