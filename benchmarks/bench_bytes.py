@@ -126,7 +126,7 @@ def _config(block: int, cap: float | None) -> PlannerConfig:
 
 
 def _forward_inter_node(p) -> int:
-    from dcp.stats import transfer_table
+    from dcp.ir.stats import transfer_table
 
     t = transfer_table(p, "forward")
     gpn = p.cluster.gpus_per_node

@@ -12,7 +12,7 @@ peak resident memory after planning, interpreter and libraries included; ``base_
 peak before planning), ``child_peak_rss_gib`` (the partitioner's worker process, dcp only), plan bytes and
 whether ``from_bytes(to_bytes())`` gives the same bytes, and the simulated forward + backward (seconds
 to simulate and the simulated makespans). ``grouped``: the static baseline grouped each device's
-chunks of every sequence into one token block (``dcp.pieces``; automatic above
+chunks of every sequence into one token block (``dcp.layout.pieces``; automatic above
 ``dcp.baselines.common.SHARD_TILES`` per-sequence tiles), ``n_pieces`` the per-sequence blocks.
 
     python benchmarks/bench_scale.py                       # the target table (long: minutes per case)
@@ -63,9 +63,9 @@ def run_case(case: dict) -> dict:
     from dcp.baselines import BASELINES
     from dcp.cost import CostModel
     from dcp.data import make_batches
+    from dcp.ir.validate import validate
     from dcp.masks import CausalMask
     from dcp.sim import simulate
-    from dcp.validate import validate
 
     lens = make_batches("ldc", 1.0, tokens_per_batch=case["tokens"], num_batches=case["batch"] + 1,
                         seed=0)[case["batch"]]

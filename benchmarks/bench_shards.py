@@ -2,7 +2,7 @@
 
 A static baseline's plan can cut tokens into per-sequence chunks (one token block, unit, transfer row and
 merge per chunk of every sequence: ``shards=False``, what the micro benchmark uses) or group each device's
-chunks of every sequence into one block (``shards=True``, ``dcp.pieces``: one message, one kernel call and
+chunks of every sequence into one block (``shards=True``, ``dcp.layout.pieces``: one message, one kernel call and
 one merge per ring step, as ring attention implementations run). The compute model charges both the same
 per-sequence sub-tiles; the grouped plan pays one merge and one message per step instead of one per
 sequence chunk, but its relays carry every sequence as far as the farthest needs. This benchmark

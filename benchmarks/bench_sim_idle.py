@@ -39,9 +39,9 @@ def main(argv=None) -> int:
     import dcp
     from dcp.cost import CostModel
     from dcp.data import make_batches
+    from dcp.ir.validate import validate
     from dcp.masks import CausalMask
     from dcp.sim import simulate
-    from dcp.validate import validate
 
     lens = make_batches("ldc", 1.0, tokens_per_batch=131072, num_batches=1, seed=0)[0]
     spec = dcp.BatchSpec(lens, CausalMask(), 8, 2, 128, "bfloat16")

@@ -512,7 +512,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "n_nodes, max_rounds, relay, port, nic) -> (arrival, source): the planner's input-round greedy");
   m.def("grouped_pair_counts", &grouped_pair_counts, "(seq_piece_ptr, piece_start, piece_len, piece_block, "
         "n_blocks, ranges, range_ptr, seq_r) -> (q_block, kv_block, unmasked, area, sub_n, sub_wq, "
-        "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.pieces)");
+        "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.layout.pieces)");
   m.def("simulate_streams", &simulate_streams, "(ptr, step_dev, flow_ptr, step_flows, pending, comp, red, "
         "f_step, f_res, f_bytes, cap, clock0, reduce0, latency, round_over) -> (clock, compute_s, reduce_s, "
         "wait_s, f_start, f_end, blocked, pos, n_rate_updates): the simulator's event loop (dcp.sim.streams)");

@@ -1,4 +1,4 @@
-// Pair counts of a grouped layout (see pieces.h and dcp/pieces.py, whose reference this reproduces exactly).
+// Pair counts of a grouped layout (see pieces.h and dcp/layout/pieces.py, whose reference this reproduces exactly).
 //
 // The q blocks are taken one at a time (so one row of n accumulators is live, in cache, and the rows come
 // out sorted), and within a q block Q its pieces sequence by sequence. For the pieces of sequence s in Q,

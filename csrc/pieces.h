@@ -1,5 +1,5 @@
-// Pair counts of a grouped layout (dcp/pieces.py): token blocks made of contiguous per-sequence *pieces*.
-// The Python reference dcp.pieces.grouped_pair_counts_reference defines the semantics; this computes the
+// Pair counts of a grouped layout (dcp/layout/pieces.py): token blocks made of contiguous per-sequence *pieces*.
+// The Python reference dcp.layout.pieces.grouped_pair_counts_reference defines the semantics; this computes the
 // same integers (exactly) in one pass per sequence instead of a dense pieces x pieces matrix per sequence.
 #pragma once
 
@@ -23,7 +23,7 @@ struct GroupedCountsParams {
 };
 
 // One row per (q block, kv block) pair with at least one attended pair, sorted by (q, kv); the moments
-// sum, over the sequences taking part, p_s / q_s, p_s / k_s and p_s / (q_s k_s) (dcp/pieces.py).
+// sum, over the sequences taking part, p_s / q_s, p_s / k_s and p_s / (q_s k_s) (dcp/layout/pieces.py).
 struct GroupedCountsResult {
   std::vector<int64_t> q_block, kv_block, unmasked, area, sub_n;
   std::vector<double> sub_wq, sub_wk, sub_wqk;

@@ -1,4 +1,4 @@
-// The input-round greedy (see rounds.h and dcp/rounds.py, whose reference loop this mirrors line by line).
+// The input-round greedy (see rounds.h and dcp/schedule/rounds.py, whose reference loop this mirrors line by line).
 #include "rounds.h"
 
 #include <algorithm>

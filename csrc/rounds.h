@@ -1,6 +1,6 @@
-// Plain (torch-free) parameters of the input-round greedy of dcp/schedule.py (dcp.rounds), the planner's
+// Plain (torch-free) parameters of the input-round greedy of dcp/schedule/stages.py (dcp.schedule.rounds), the planner's
 // inner loop: it fills rounds with demands (device, remote unit) under per-round port and NIC capacities.
-// The Python reference dcp.rounds.input_rounds_reference defines the semantics; this is the same loop,
+// The Python reference dcp.schedule.rounds.input_rounds_reference defines the semantics; this is the same loop,
 // operation for operation (the same floating-point comparisons), so both give identical results.
 #pragma once
 

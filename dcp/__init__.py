@@ -5,17 +5,23 @@ check it with ``dcp.validate(plan)``; ship it with ``plan.to_bytes()`` / ``dcp.P
 Run it with ``dcp.attention(q_local, k_local, v_local, plan)`` (see ``dcp.execute``) on every rank, with
 the same plan (``dcp.broadcast_plan`` ships one rank's plan to the others; the executor checks that the
 ranks agree before any transfer).
+
+One folder per pipeline stage, each standing only on those before it: the inputs (``spec``, ``cluster``,
+``config``, ``masks``, ``data``) → ``layout`` (blocks, tiles) → ``planner`` (placement; ``partition`` its
+hypergraph backend) → ``schedule`` (stages, rounds, programs) → ``ir`` (the plan value) → ``execute``;
+``cost`` and ``sim`` model a plan's time, ``baselines`` are the static planners.
 """
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
                         InvalidMaskError, MemoryBudgetError, PartitionerError, PlanMismatchError, PlanValidationError,
                         SerializationError, TooFewBlocksError)
+from dcp.ir.plan import Plan
+from dcp.ir.validate import validate
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
-from dcp.plan import Plan
-from dcp.planner import DCPPlanner, Planner, plan
+from dcp.planner.dcp_planner import DCPPlanner, plan
+from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
-from dcp.validate import validate
 
 __version__ = "0.1.0"
 
@@ -31,13 +37,20 @@ _LAZY = {
 }
 
 
+#: subpackages reachable as ``dcp.<name>`` after a plain ``import dcp``
+_SUBPACKAGES = ("masks", "data", "layout", "ir", "schedule", "cost", "sim", "partition", "baselines", "planner",
+                "kernels", "execute", "integration", "bench")
+
+
 def __getattr__(name):
     # executors import torch; keep ``import dcp`` light for planner-only processes
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"dcp.{name}")
     raise AttributeError(f"module 'dcp' has no attribute {name!r}")
 
 

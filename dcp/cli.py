@@ -29,13 +29,13 @@ DATASET_FLAGS = ("dataset", "scale", "tokens", "batch_index")  # choose a synthe
 
 
 def make_planner(name: str, config: PlannerConfig):
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
 
     if name == "dcp":
         return DCPPlanner(config)
     if name == "dcp_auto":
         from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
-        from dcp.search import AutoPlanner
+        from dcp.planner.search import AutoPlanner
 
         return AutoPlanner(config, baselines=(ZigzagPlanner(), MegatronDynCPPlanner()))
     from dcp.baselines import BASELINES

@@ -22,7 +22,7 @@ def _default_partitioner() -> Partitioner:
 
 
 def _default_warm_starts() -> tuple:
-    from dcp.warm import default_warm_planners  # the baselines import the planner, which imports this module
+    from dcp.baselines import default_warm_planners  # lazily: ``import dcp.config`` stays light
 
     return default_warm_planners()
 
@@ -42,20 +42,20 @@ def _numbers(name: str, values, low: float, high: float, integer: bool = False) 
 class SearchConfig:
     """How the planner chooses its balance/communication trade-off per batch.
 
-    The planner builds candidate placements: packings (``dcp.pack``: whole sequences where they fit,
+    The planner builds candidate placements: packings (``dcp.planner.pack``: whole sequences where they fit,
     zigzag splits where they must, at each compute tolerance of ``pack_epsilons``); with
     ``aligned_groups`` (time objective) also a packing on aligned power-of-two device groups, the shape of
-    Megatron-Core's dynamic CP (``dcp.pack.pack_aligned``); with ``hypergraph`` the two-level hypergraph
+    Megatron-Core's dynamic CP (``dcp.planner.pack.pack_aligned``); with ``hypergraph`` the two-level hypergraph
     partition at ``PlannerConfig.epsilon_inter/intra``. It schedules each direction of each at the
     middle stage count of ``stage_counts``, the two estimated fastest at every one of them, and keeps one:
 
     - ``objective="time"`` (default): the candidate with the least estimated forward + backward
-      makespan under ``PlannerConfig.cost_model`` (``dcp.sim.estimate``);
+      makespan under ``PlannerConfig.cost_model`` (``dcp.cost.estimate``);
     - ``objective="bytes"``: the paper's objective — the candidate that communicates the fewest bytes
       among those within the compute tolerance ``(1 + epsilon_inter)(1 + epsilon_intra)`` (of those
       within 3 % of the fewest, the best balanced).
 
-    With ``objective="time"``, a chosen packing is then refined (``dcp.refine``: whole sequences move off
+    With ``objective="time"``, a chosen packing is then refined (``dcp.planner.refine``: whole sequences move off
     the device estimated to finish last while the estimate drops), with at most ``refine_evaluations``
     re-schedules (0: no refinement).
 
@@ -66,7 +66,7 @@ class SearchConfig:
     time objective then adds ``token_time_s × (most tokens on one device)``, because the linear layers of
     a training step run on each device's home tokens (0: score attention alone).
 
-    ``warm_starts``: static planners whose placements enter the search as candidates (``dcp.warm``; default
+    ``warm_starts``: static planners whose placements enter the search as candidates (``dcp.planner.warm``; default
     every baseline: ring, zigzag, TE a2a+p2p, LoongTrain, Megatron-Core dynamic CP), each skipped when it
     estimates more than ``warm_start_max_tiles`` tiles. With the time objective only.
 
@@ -157,7 +157,7 @@ class PlannerConfig:
         max_tokens_per_device: an explicit cap on resident tokens per device (Megatron's
             ``max_seqlen_per_rank`` plays this role); the budget is the smaller of the two. None: no cap.
         transient_budget: the peak bytes of transient buffers (received inputs and partial outputs
-            alive at once, ``dcp.memory``) a device may hold in either direction, as a multiple of the
+            alive at once, ``dcp.ir.memory``) a device may hold in either direction, as a multiple of the
             bytes of one layer's attention activations (q, k, v and o) of the budget's tokens; candidates
             above it are chosen only when none is within it (with the same warning/error). The default, 8,
             admits every static CP plan of the paper's grid (TE a2a+p2p needs up to 4.7, ring 1.1) and

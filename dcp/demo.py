@@ -12,8 +12,8 @@ from typing import Mapping, TextIO
 
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
-from dcp.planner import Planner
 from dcp.report import STAT_COLUMNS, gigabytes, print_table, progress
+from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
 
 

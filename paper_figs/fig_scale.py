@@ -7,7 +7,7 @@ cost grow with the plan.
   per tile of the plans with >= 100K tiles.
 - ``scale_cost_vs_devices.png``: the same two costs against the device count at 1,048,576 tokens;
   cases that ran out of time or memory are marked at the top of the panel with an x; grouped static
-  baselines (``dcp.pieces``) dashed.
+  baselines (``dcp.layout.pieces``) dashed.
 
     python paper_figs/fig_scale.py [--results-dir benchmarks/results] [--out-dir paper_figs]
 """

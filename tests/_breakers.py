@@ -1,4 +1,4 @@
-"""Ways to break a valid plan, one edit of its program tables each (``dcp.program``), shared by the
+"""Ways to break a valid plan, one edit of its program tables each (``dcp.ir.program``), shared by the
 validator, executor and simulator tests. Each breaker takes (plan, direction) and returns a broken copy,
 or None when the plan has nothing it could break that way."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from dcp.program import DST, HB, KIND, ROUND, SRC, TB
+from dcp.ir.program import DST, HB, KIND, ROUND, SRC, TB
 
 
 def with_program(plan, direction: str, **arrays):

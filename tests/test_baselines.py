@@ -7,26 +7,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcp.baselines import (
-    BASELINES,
-    LoongTrainPlanner,
-    MegatronDynCPPlanner,
-    RingPlanner,
-    TEA2AP2PPlanner,
-    ZigzagPlanner,
-)
+from dcp.baselines import (BASELINES, LoongTrainPlanner, MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner,
+                           ZigzagPlanner)
 from dcp.baselines.common import near_equal_chunks
 from dcp.baselines.megatron_dyncp import cp_size
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
+from dcp.ir.instructions import CommLaunch
+from dcp.ir.program import KIND, ROUND
+from dcp.ir.stats import transfer_table
+from dcp.ir.validate import validate
+from dcp.layout.units import Kind, bytes_per_token
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
-from dcp.plan import CommLaunch
-from dcp.program import KIND, ROUND
-from dcp.planner import Planner
+from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
-from dcp.stats import transfer_table
-from dcp.units import Kind, bytes_per_token
-from dcp.validate import validate
 
 PLANNERS = [RingPlanner(), ZigzagPlanner(), TEA2AP2PPlanner(), MegatronDynCPPlanner(), LoongTrainPlanner()]
 MASKS = [CausalMask(), FullMask(), LambdaMask(sink=2, window=5), SharedQuestionMask(question_frac=0.3, num_answers=2)]

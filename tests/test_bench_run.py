@@ -231,7 +231,7 @@ def test_program_overhead_delays_every_device_by_exactly_that():
 
 
 def test_round_overhead_is_charged_per_round_with_transfers():
-    from dcp.plan import CommLaunch
+    from dcp.ir.instructions import CommLaunch
     from dcp.sim import simulate
 
     plan, a100 = _ring_plan(), load_profile("a100")

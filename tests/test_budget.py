@@ -1,5 +1,5 @@
 """The memory budget every candidate of dcp's search is held to, the static plans it starts from, and the
-searched block size (``dcp.budget``, ``dcp.warm``, ``dcp.pack``)."""
+searched block size (``dcp.planner.budget``, ``dcp.planner.warm``, ``dcp.planner.pack``)."""
 import json
 import warnings
 
@@ -10,7 +10,7 @@ import dcp
 import dcp.masks as M
 from dcp.baselines import BASELINES, RingPlanner, TEA2AP2PPlanner, ZigzagPlanner
 from dcp.cost import CostModel
-from dcp.pack import _clamp_cuts, pack, zigzag_cuts
+from dcp.planner.pack import _clamp_cuts, pack, zigzag_cuts
 from dcp.sim import simulate_both
 
 CPU = CostModel.named("cpu_amd_epyc_2c")

@@ -13,28 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dcp.errors import InvalidMaskError
-from dcp.masks import (
-    MASKS,
-    CausalBlockwiseMask,
-    CausalMask,
-    DocumentMask,
-    FullMask,
-    LambdaMask,
-    Mask,
-    MaskModMask,
-    ModalityMask,
-    PrefixLMMask,
-    RangesMask,
-    SharedQuestionMask,
-    SlidingWindowMask,
-    dense_to_ranges,
-    from_cli,
-    from_description,
-    from_mask_mod,
-    ranges_to_dense,
-    validate_ranges,
-)
-from dcp.masks.draw import downsample_ranges, draw_ranges, mask_main
+from dcp.masks import (MASKS, CausalBlockwiseMask, CausalMask, DocumentMask, FullMask, LambdaMask, Mask, MaskModMask,
+                       ModalityMask, PrefixLMMask, RangesMask, SharedQuestionMask, SlidingWindowMask, dense_to_ranges,
+                       from_cli, from_description, from_mask_mod, ranges_to_dense, validate_ranges)
+from dcp.masks.draw import mask_main
+from dcp.masks.render import downsample_ranges, draw_ranges
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,10 +10,9 @@ import pytest
 
 import dcp
 from dcp.baselines import BASELINES, RingPlanner
-from dcp.memory import (memory_report, received_bytes, resident_input_bytes, resident_tokens,
-                        transient_peak_bytes)
-from dcp.program import DST, HB, KIND, SRC, TB, Program, unit_rows
-from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, Kind, unit_bytes
+from dcp.ir.memory import memory_report, received_bytes, resident_input_bytes, resident_tokens, transient_peak_bytes
+from dcp.ir.program import DST, HB, KIND, SRC, TB, Program, unit_rows
+from dcp.layout.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, Kind, unit_bytes
 
 DIRECTIONS = ("forward", "backward")
 
@@ -148,7 +147,7 @@ def test_invariants_and_stats():
 
 
 def _reference_peak(plan, direction: str) -> list[int]:
-    """The model of ``dcp.memory`` written out with dicts: per device, per iteration, sum what is alive."""
+    """The model of ``dcp.ir.memory`` written out with dicts: per device, per iteration, sum what is alive."""
     prog, n = plan.columns(direction), plan.n_devices
     last = max(prog.n_rounds, prog.n_stages)
     t = plan.tiles

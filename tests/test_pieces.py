@@ -1,22 +1,22 @@
-"""Grouped layouts (``dcp.pieces``): exact grouped tiles, grouped static baselines that validate, serialize,
-simulate like their per-sequence plans and expand (``dcp.expand``) into valid plans over their pieces."""
+"""Grouped layouts (``dcp.layout.pieces``): exact grouped tiles, grouped static baselines that validate, serialize,
+simulate like their per-sequence plans and expand (``dcp.ir.expand``) into valid plans over their pieces."""
 import dataclasses
 
 import numpy as np
 import pytest
 
 import dcp
-from dcp.baselines import BASELINES, RingPlanner, ZigzagPlanner
-from dcp.baselines import common
-from dcp.blocks import enumerate_tiles, make_layout
+from dcp.baselines import BASELINES, RingPlanner, ZigzagPlanner, common
 from dcp.cost import CostModel
 from dcp.errors import InvalidConfigError, PlanValidationError, SerializationError
-from dcp.expand import expand_pieces
+from dcp.ir.expand import expand_pieces
+from dcp.ir.validate import validate
+from dcp.ir.validate_reference import validate_reference
+from dcp.layout.blocks import make_layout
+from dcp.layout.pieces import group_layout, grouped_pair_counts, grouped_pair_counts_reference
+from dcp.layout.tiles import enumerate_tiles
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
-from dcp.pieces import group_layout, grouped_pair_counts, grouped_pair_counts_reference
 from dcp.sim import simulate
-from dcp.validate import validate
-from dcp.validate_reference import validate_reference
 
 GROUPED = ("ring", "zigzag", "te_a2a_p2p", "loongtrain")
 

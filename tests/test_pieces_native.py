@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from dcp.baselines.common import near_equal_chunks, zigzag_device
-from dcp.blocks import make_layout
 from dcp.errors import InvalidBatchError, InvalidConfigError
+from dcp.layout.blocks import make_layout
+from dcp.layout.pieces import grouped_pair_counts, grouped_pair_counts_reference
 from dcp.masks import (CausalBlockwiseMask, CausalMask, FullMask, LambdaMask, RangesMask, SharedQuestionMask,
                        SlidingWindowMask, dense_to_ranges, ranges_to_dense)
-from dcp.pieces import grouped_pair_counts, grouped_pair_counts_reference
 from dcp.spec import BatchSpec
 
 try:
@@ -229,16 +229,16 @@ def test_native_rejects_bad_input():
 @native
 def test_grouped_tiles_native_and_reference(monkeypatch):
     """enumerate_tiles over a grouped layout gives the same tiles on both paths."""
-    import dcp.pieces
-    from dcp.blocks import enumerate_tiles
-    from dcp.pieces import group_layout
+    import dcp.layout.pieces
+    from dcp.layout.pieces import group_layout
+    from dcp.layout.tiles import enumerate_tiles
 
     rng = np.random.default_rng(11)
     spec = random_spec(rng, [120, 7, 64])
     pieces, pb = grouping(rng, spec, "zigzag", 4)
     layout = group_layout(pieces, pb)
     tiles = enumerate_tiles(spec, layout)
-    monkeypatch.setattr(dcp.pieces, "_NATIVE", False)
+    monkeypatch.setattr(dcp.layout.pieces, "_NATIVE", False)
     ref = enumerate_tiles(spec, layout)
     for f in ("q_tb", "kv_tb", "hb", "unmasked", "full", "fwd_flops", "bwd_flops", "sub_n", "sub_wq", "sub_wk",
               "sub_wqk"):

@@ -19,8 +19,8 @@ from _budget import n_examples
 
 import dcp
 from dcp.execute import ReferenceExecutor, reference_attention
+from dcp.ir.serialize import MAGIC, VERSION
 from dcp.masks import CausalMask, LambdaMask, SharedQuestionMask
-from dcp.serialize import MAGIC, VERSION
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

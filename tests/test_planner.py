@@ -4,16 +4,17 @@ import warnings
 
 import numpy as np
 import pytest
+from _breakers import BREAKERS
+from _budget import n_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp
 from dcp import masks as M
-from dcp.blocks import enumerate_tiles, pair_counts, uniform_layout
+from dcp.ir.validate_reference import validate_reference
+from dcp.layout.blocks import pair_counts, uniform_layout
+from dcp.layout.tiles import enumerate_tiles
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner, Partitioner
-from dcp.validate_reference import validate_reference
-from _breakers import BREAKERS
-from _budget import n_examples
 
 HYPERGRAPH_ONLY = dcp.SearchConfig(pack_epsilons=(), aligned_groups=False, warm_starts=())
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None, search=HYPERGRAPH_ONLY)
@@ -304,7 +305,7 @@ def test_plan_warnings_are_not_emitted_on_the_happy_path():
 
 def test_auto_planner_keeps_the_fastest_simulated_candidate():
     from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
-    from dcp.search import AutoPlanner
+    from dcp.planner.search import AutoPlanner
 
     spec = dcp.BatchSpec([3000, 700, 200, 90], M.CausalMask(), 4, 2, 32)
     auto = AutoPlanner(dcp.PlannerConfig(**GREEDY), block_sizes=(128, 512),

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import dcp
-import dcp.rounds as R
+import dcp.schedule.rounds as R
 from dcp.cost import CostModel
-from dcp.schedule import Demands
+from dcp.schedule.stages import Demands
 
 pytestmark = pytest.mark.skipif(not R._NATIVE, reason="dcp._C without input_rounds (extension not built)")
 
@@ -60,7 +60,7 @@ def test_native_matches_reference_on_planner_schedules(monkeypatch):
         calls.append(all(np.array_equal(a, b) for a, b in zip(ref, nat)))
         return ref
 
-    monkeypatch.setattr("dcp.schedule.input_rounds", both)
+    monkeypatch.setattr("dcp.schedule.stages.input_rounds", both)
     spec = dcp.BatchSpec([3000, 1500, 700, 200], dcp.masks.CausalMask(), 4, 2, 16)
     cfg = dcp.PlannerConfig(block_size=128)
     plan = dcp.DCPPlanner(cfg).plan(spec, dcp.Cluster(2, 4))

@@ -6,22 +6,23 @@ import json
 
 import numpy as np
 import pytest
+from _budget import n_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp
 from dcp import masks as M
-from dcp.blocks import enumerate_tiles, uniform_layout
-from dcp.candidates import evaluate, tile_times
 from dcp.cost import CostModel
-from dcp.pack import pack, pack_aligned, zigzag_cuts
+from dcp.cost.estimate import estimate_makespan_s
+from dcp.ir.serialize import execution_digest
+from dcp.layout.blocks import uniform_layout
+from dcp.layout.tiles import enumerate_tiles
 from dcp.partition import GreedyPartitioner
-from dcp.refine import refine_packing
-from dcp.schedule import schedule
-from dcp.serialize import execution_digest
+from dcp.planner.candidates import evaluate, tile_times
+from dcp.planner.pack import pack, pack_aligned, zigzag_cuts
+from dcp.planner.refine import refine_packing
+from dcp.schedule.stages import schedule
 from dcp.sim import simulate_both
-from dcp.sim.estimate import estimate_makespan_s
-from _budget import n_examples
 
 A100 = CostModel.named("a100")
 FAST = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
@@ -178,7 +179,7 @@ def test_estimate_is_exact_without_communication():
         sched = schedule(spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, tt, A100, direction, 4)
         assert sched.routes.inputs.size == 0
         est = estimate_makespan_s(spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, sched, A100)
-        plan = dcp.planner.assemble(spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, sched.tile_stage,
+        plan = dcp.schedule.assemble(spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, sched.tile_stage,
                                     sched.routes, "t", 0.0)
         sim = simulate_both(plan, A100, record_events=False)[0 if direction == "forward" else 1]
         assert est == pytest.approx(sim.makespan_s, rel=1e-9)
@@ -237,7 +238,7 @@ def test_default_planning_is_deterministic():
 def test_refinement_never_makes_the_estimate_worse():
     spec = dcp.BatchSpec(lognormal_lengths(13, 30000, high=3000), M.CausalMask(), 16, 16, 128)
     cluster = dcp.Cluster(1, 8)
-    from dcp.candidates import sequence_times
+    from dcp.planner.candidates import sequence_times
 
     lay = uniform_layout(spec, 1024)
     weights = sequence_times(A100, lay, enumerate_tiles(spec, lay), spec.num_seqs)
@@ -277,7 +278,7 @@ def test_token_time_balances_tokens_for_training_steps():
 
 def test_popular_key_positions_get_their_own_block():
     """A lambda mask's 64-token sink is read by every query: a split cuts a block boundary there."""
-    from dcp.pack import popular_boundaries
+    from dcp.planner.pack import popular_boundaries
 
     ranges = M.LambdaMask(64, 512).kv_ranges(4096)
     assert 64 in popular_boundaries(ranges).tolist()

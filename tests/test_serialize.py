@@ -7,14 +7,14 @@ import zlib
 
 import numpy as np
 import pytest
+from _budget import n_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dcp
 from dcp import masks as M
 from dcp.baselines import BASELINES, MegatronDynCPPlanner
-from dcp.serialize import MAGIC, _plan_arrays, decode_ranges, encode_ranges
-from _budget import n_examples
+from dcp.ir.serialize import MAGIC, _plan_arrays, decode_ranges, encode_ranges
 
 GREEDY = dict(partitioner=dcp.GreedyPartitioner(), time_budget_s=None)
 
@@ -102,7 +102,7 @@ def test_large_plans_travel_compressed_and_bad_compressed_bytes_are_named(plans,
     import struct
     import zlib
 
-    from dcp import serialize
+    from dcp.ir import serialize
 
     plan = plans[0]
     raw = plan.to_bytes()

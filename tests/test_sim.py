@@ -11,18 +11,19 @@ from hypothesis import strategies as st
 
 import dcp
 from dcp import masks as M
-from dcp.blocks import enumerate_tiles, uniform_layout
 from dcp.cost import CostModel
+from dcp.ir.program import DST
+from dcp.ir.stats import transfer_table
+from dcp.layout.blocks import uniform_layout
+from dcp.layout.tiles import enumerate_tiles
+from dcp.layout.units import Kind, unit_bytes
 from dcp.partition import GreedyPartitioner
-from dcp.program import DST
-from dcp.planner import assemble
-from dcp.schedule import Routes
-from dcp.sim import (FluidNetwork, SimResult, iteration_time_s, max_min_rates, simulate, simulate_both,
-                     tile_times, to_chrome_trace)
+from dcp.schedule.assemble import assemble
+from dcp.schedule.stages import Routes
+from dcp.sim import (FluidNetwork, SimResult, iteration_time_s, max_min_rates, simulate, simulate_both, tile_times,
+                     to_chrome_trace)
 from dcp.sim.flows import ComponentNetwork, _max_min_small
 from dcp.sim.reference import simulate_reference
-from dcp.stats import transfer_table
-from dcp.units import Kind, unit_bytes
 from tests._budget import n_examples
 
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)

@@ -9,11 +9,11 @@ import dcp
 from dcp import _C
 from dcp.baselines import BASELINES
 from dcp.cost import CostModel
+from dcp.cost.estimate import stage_compute_s
 from dcp.masks import CausalMask, LambdaMask, SharedQuestionMask
 from dcp.partition import GreedyPartitioner
-from dcp.sim import max_min_rates, simulate
 from dcp.sim import flows as sim_flows
-from dcp.sim.estimate import stage_compute_s
+from dcp.sim import max_min_rates, simulate
 from dcp.sim.flows import _max_min_small
 from dcp.sim.simulator import _delta_s, _flow_table
 from dcp.sim.streams import Streams

@@ -1,6 +1,6 @@
 """The vectorized validator against its reference: the same verdict on valid plans and on every edit.
 
-``dcp.validate`` checks the columnar program with sorts and searches; ``dcp.validate_reference`` simulates
+``dcp.validate`` checks the columnar program with sorts and searches; ``dcp.ir.validate_reference`` simulates
 the instruction view one instruction at a time. Both must accept and refuse exactly the same plans: the
 plans every planner makes, and those plans after one random edit of a program table, a placement or a
 home (most edits break something; some are harmless, and both must then accept).
@@ -18,8 +18,8 @@ import dcp
 from dcp import masks as M
 from dcp.baselines import BASELINES
 from dcp.errors import PlanValidationError
-from dcp.program import COLUMNS
-from dcp.validate_reference import validate_reference
+from dcp.ir.program import COLUMNS
+from dcp.ir.validate_reference import validate_reference
 
 N_EDITS = n_examples(120, 2000)
 GREEDY = dict(partitioner=dcp.GreedyPartitioner(), time_budget_s=None)

@@ -15,5 +15,13 @@ BASELINES: dict[str, type] = {
     cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronDynCPPlanner, LoongTrainPlanner)
 }
 
-__all__ = ["BASELINES", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
+
+def default_warm_planners() -> tuple:
+    """One instance of every static baseline, per-sequence blocks: the default warm starts of dcp's search
+    (``SearchConfig.warm_starts``)."""
+    return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
+            LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
+
+
+__all__ = ["BASELINES", "default_warm_planners", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
            "ZigzagPlanner"]

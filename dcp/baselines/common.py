@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet, make_layout
 from dcp.errors import InvalidConfigError
-from dcp.schedule import Routes
+from dcp.layout.blocks import BlockLayout, TileSet, make_layout
+from dcp.schedule.stages import Routes
 from dcp.setops import lookup
 from dcp.spec import BatchSpec
 
@@ -88,10 +88,10 @@ class BlockBuilder:
 
     def parts(self, head_block_size: int | None, shards: bool | None):
         """(layout, home, ring_base, ring_size) per token block: the blocks as added, or (``use_shards``)
-        each device's blocks of every sequence grouped into one token block (``dcp.pieces``): its shard, as
+        each device's blocks of every sequence grouped into one token block (``dcp.layout.pieces``): its shard, as
         ring attention holds and sends it."""
-        from dcp.blocks import head_blocking
-        from dcp.pieces import group_layout
+        from dcp.layout.blocks import head_blocking
+        from dcp.layout.pieces import group_layout
 
         home, base, size = self.arrays()
         if not use_shards(shards, self, head_blocking(self.spec, head_block_size)[1]):
@@ -352,7 +352,7 @@ def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | Non
               shards: bool | None = False):
     """Layout, tiles, home, tile device (the q block's home), stages and routes of a ring-style plan
     (``shards``: group each device's blocks, ``use_shards``)."""
-    from dcp.blocks import enumerate_tiles
+    from dcp.layout.tiles import enumerate_tiles
 
     layout, home, ring_base, ring_size = builder.parts(head_block_size, shards)
     tiles = enumerate_tiles(spec, layout)

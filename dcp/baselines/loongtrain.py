@@ -21,8 +21,8 @@ from dcp.baselines.common import check_shards, shard_note
 from dcp.baselines.te_a2a_p2p import a2a_head_block_size, hierarchical_parts, hierarchical_tiles
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
-from dcp.plan import Plan
-from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
+from dcp.ir.plan import Plan
+from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 

@@ -19,8 +19,8 @@ from dcp.baselines.common import BlockBuilder, plan_ring
 from dcp.baselines.zigzag import add_zigzag
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
-from dcp.plan import Plan
-from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
+from dcp.ir.plan import Plan
+from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from dcp.baselines.common import BlockBuilder, causal_tiles, check_shards, near_equal_chunks, plan_ring, shard_note
 from dcp.cluster import Cluster
-from dcp.plan import Plan
-from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
+from dcp.ir.plan import Plan
+from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -24,7 +24,7 @@ from dcp.spec import BatchSpec
 class RingPlanner(Planner):
     """Ring attention: P contiguous chunks per sequence, KV relayed around one ring of all devices.
 
-    ``shards``: group each device's chunks of every sequence into one token block (``dcp.pieces``; the
+    ``shards``: group each device's chunks of every sequence into one token block (``dcp.layout.pieces``; the
     plan a real ring runs, with P^2 tiles instead of P^2 per sequence); None: when the per-sequence plan
     would exceed ``dcp.baselines.common.SHARD_TILES`` tiles."""
 

@@ -23,11 +23,12 @@ import numpy as np
 from dcp.baselines.common import (BlockBuilder, causal_tiles, check_shards, near_equal_chunks, near_equal_parts,
                                   relay_schedule, shard_note, zigzag_device)
 from dcp.baselines.zigzag import zigzag_parts
-from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
-from dcp.plan import Plan
-from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
+from dcp.ir.plan import Plan
+from dcp.layout.blocks import head_blocking
+from dcp.layout.tiles import enumerate_tiles
+from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from dcp.baselines.common import (BlockBuilder, causal_tiles, check_shards, near_equal_chunks, plan_ring, shard_note,
                                   zigzag_device)
 from dcp.cluster import Cluster
-from dcp.plan import Plan
-from dcp.planner import Planner, StaticParts, assemble_static, check_inputs
+from dcp.ir.plan import Plan
+from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
 from dcp.spec import BatchSpec
 
 

@@ -202,7 +202,7 @@ def time_merges(cfg: CalibrateConfig) -> list[tuple[int, float]]:
     import torch
 
     from dcp.kernels import native
-    from dcp.units import LSE_BYTES
+    from dcp.layout.units import LSE_BYTES
 
     dtype = getattr(torch, cfg.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
@@ -257,7 +257,7 @@ def time_links(cfg: CalibrateConfig) -> list[tuple[int, float]]:
 
 def program_counts(plan, direction: str, device: int) -> tuple[int, int, int]:
     """(Compute instructions with tiles, Reduce instructions, rounds with transfers) of one program."""
-    from dcp.plan import CommLaunch, Compute, Reduce
+    from dcp.ir.instructions import CommLaunch, Compute, Reduce
 
     ins = plan.program(direction)[device].instructions
     return (sum(isinstance(i, Compute) and len(i.tiles) > 0 for i in ins), sum(isinstance(i, Reduce) for i in ins),
@@ -269,8 +269,8 @@ def _exec_rank(rank: int, world: int, port: int, batches, repeats: int, out: str
     import torch.distributed as dist
 
     import dcp
-    from dcp.bench.run import PlanRun, RUN_PLANNERS, RunConfig, RunBatch, _planner, time_plans
     from dcp.bench.common import DcpOptions
+    from dcp.bench.run import RUN_PLANNERS, PlanRun, RunBatch, RunConfig, _planner, time_plans
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from dcp.cluster import Cluster
-from dcp.plan import Plan
-from dcp.planner import Planner
-from dcp.search import AutoPlanner
+from dcp.ir.plan import Plan
+from dcp.planner.search import AutoPlanner
+from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -103,7 +103,7 @@ def run_dryrun(cfg: DryrunConfig) -> dict[str, list[dict]]:
     """Run the sweeps; returns ``{sweep: rows}``."""
     from dcp.cost import CostModel
     from dcp.data import make_batches
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
     from dcp.spec import BatchSpec
 

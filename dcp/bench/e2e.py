@@ -45,8 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, fmt_table,
-                              git_revision, machine, options_from_args, parse_list, plan_quietly, progress, write_csv)
+from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, fmt_table, git_revision,
+                              machine, options_from_args, parse_list, plan_quietly, progress, write_csv)
 from dcp.cluster import Cluster
 
 DATASETS = ("longalign", "ldc")
@@ -161,7 +161,7 @@ def _paper_ref(dataset: str, max_len: int, mask: str) -> str:
 
 
 def _peak_buffer(plan) -> int:
-    """The most transient bytes one device holds at once in either direction (``dcp.memory``)."""
+    """The most transient bytes one device holds at once in either direction (``dcp.ir.memory``)."""
     st = plan.stats()
     return max(st.peak_transient_bytes_forward, st.peak_transient_bytes_backward)
 
@@ -169,9 +169,9 @@ def _peak_buffer(plan) -> int:
 def run_e2e(cfg: E2EConfig) -> list[dict]:
     """Run the grid; one row per (dataset, max_len, mask, planner)."""
     from dcp.baselines import ZigzagPlanner
-    from dcp.planner import DCPPlanner
     from dcp.bench.micro import make_mask
     from dcp.data import make_batches
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
     from dcp.spec import BatchSpec
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from dcp.bench.common import (DEFAULT_OUT, CachedAutoPlanner, DcpOptions, add_dcp_args, auto_fields, config_fields,
-                              dcp_config, fmt_table, git_revision, machine, mean, options_from_args,
-                              parse_list, plan_quietly, progress, sim_fields, stat_fields, write_csv)
+                              dcp_config, fmt_table, git_revision, machine, mean, options_from_args, parse_list,
+                              plan_quietly, progress, sim_fields, stat_fields, write_csv)
 from dcp.cluster import Cluster
 
 CLUSTERS = ((1, 4), (1, 8), (2, 8), (4, 8), (8, 8))
@@ -48,7 +48,7 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
     from dcp.cost import CostModel
     from dcp.data import make_batches
     from dcp.masks import CausalMask
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import ideal_time_s, simulate_both
     from dcp.spec import BatchSpec
 

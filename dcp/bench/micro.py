@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 from dcp.bench.common import (BASELINE_NAMES, DEFAULT_OUT, PAPER_BASELINE_NAMES, CachedAutoPlanner, DcpOptions,
-                              add_dcp_args, auto_fields, config_fields, dcp_config, fmt_table, git_revision,
-                              machine, mean, options_from_args, parse_list, plan_quietly, progress, sim_fields,
-                              stat_fields, write_csv)
+                              add_dcp_args, auto_fields, config_fields, dcp_config, fmt_table, git_revision, machine,
+                              mean, options_from_args, parse_list, plan_quietly, progress, sim_fields, stat_fields,
+                              write_csv)
 from dcp.cluster import Cluster
 
 DATASETS = ("longalign", "ldc")
@@ -94,7 +94,7 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
     from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
     from dcp.cost import CostModel
     from dcp.data import make_batches
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import ideal_time_s, simulate_both
     from dcp.spec import BatchSpec
 
@@ -165,7 +165,7 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
 def _same_memory_rows(dcp_row: dict, rows: list[dict], cell: dict, spec, cluster, config, cost, common) -> list[dict]:
     """A ``dcp_same_memory`` row when the fastest baseline of this batch (forward + backward) beats dcp while
     holding more resident tokens than dcp's budget: dcp planned with that baseline's memory imbalance."""
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
 
     key = tuple(cell[k] for k in ("dataset", "scale", "mask", "batch"))

@@ -90,7 +90,7 @@ def _planner(name: str, cfg: RunConfig):
     from dcp.baselines import BASELINES
     from dcp.cost import CostModel
     from dcp.cost.model import load_profile
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
 
     if name == "dcp":
         return DCPPlanner(dcp_config(cfg.profile, cfg.dcp, cost=CostModel(load_profile(cfg.profile))))

@@ -36,7 +36,7 @@ from collections import Counter
 import numpy as np
 
 from dcp.bench.common import BASELINE_NAMES, git_revision, machine, plan_quietly
-from dcp.budget import MemoryBudget
+from dcp.planner.budget import MemoryBudget
 
 DEVICES = (2, 4, 8, 32, 64, 1024)
 PROFILES = ("a100", "h100", "cpu_amd_epyc_2c")
@@ -53,7 +53,7 @@ PLANNERS = ("dcp", *BASELINE_NAMES)
 WARM_START_SLACK = 0.02
 """dcp considered a baseline's placement (``search_warm_starts``), so its simulated forward + backward
 should not exceed that baseline's; 2 % is allowed because dcp chooses by its estimate
-(``dcp.sim.estimate``) while the rows are scored by the full simulator, and the two differ slightly."""
+(``dcp.cost.estimate``) while the rows are scored by the full simulator, and the two differ slightly."""
 MEMORY_WARNING = "memory budget"
 """What the RuntimeWarning says when dcp could not keep resident tokens within its memory tolerance."""
 
@@ -236,7 +236,7 @@ def warm_starts(plan) -> tuple[str, ...]:
 
 
 def memory_budget(spec, cluster, config) -> tuple[float, float | None]:
-    """dcp's per-device memory budget for this batch (``dcp.budget.MemoryBudget``): (resident tokens,
+    """dcp's per-device memory budget for this batch (``dcp.planner.budget.MemoryBudget``): (resident tokens,
     transient bytes or None)."""
     budget = MemoryBudget.of(spec, cluster, config)
     return float(budget.tokens), budget.transient_bytes
@@ -265,7 +265,7 @@ def run_case(case: SweepCase, planners=PLANNERS, mach: str | None = None, rev: s
     from dcp.config import PlannerConfig
     from dcp.cost import CostModel
     from dcp.errors import DcpError
-    from dcp.planner import DCPPlanner
+    from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
 
     bad = [p for p in planners if p != "dcp" and p not in BASELINES]

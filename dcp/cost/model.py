@@ -157,7 +157,7 @@ class CostModel:
 
     @staticmethod
     def tile_shapes(tiles, idx=None):
-        """Grouped tiles' moments ``(unmasked, sub_wq, sub_wk, sub_wqk)`` (``dcp.pieces``; at ``idx``), or
+        """Grouped tiles' moments ``(unmasked, sub_wq, sub_wk, sub_wqk)`` (``dcp.layout.pieces``; at ``idx``), or
         None for ordinary tiles: the ``shapes`` argument of ``fused_call_s`` / ``fused_calls_s``."""
         if tiles.sub_n is None:
             return None
@@ -166,7 +166,7 @@ class CostModel:
 
     def inverse_efficiency(self, shapes, full) -> np.ndarray:
         """1 / efficiency of grouped tiles: their per-sequence sub-tiles' time over their pairs' ideal
-        time, sum p_s (1 + h_q/q_s)(1 + h_k/k_s) / sum p_s from the moments (``dcp.pieces``); partial
+        time, sum p_s (1 + h_q/q_s)(1 + h_k/k_s) / sum p_s from the moments (``dcp.layout.pieces``); partial
         tiles (any sub-tile masked) at ``partial_tile_efficiency``."""
         p = self.profile
         pairs, wq, wk, wqk = (np.asarray(a, float) for a in shapes)
@@ -175,7 +175,7 @@ class CostModel:
 
     def tile_alone_s(self, layout, tiles, direction: str) -> np.ndarray:
         """float ``[n_tiles]``: seconds of every tile run alone in ``direction`` -- its own launch, at its
-        own extents (grouped tiles, ``dcp.pieces``: their per-sequence sub-tiles, ``inverse_efficiency``)."""
+        own extents (grouped tiles, ``dcp.layout.pieces``: their per-sequence sub-tiles, ``inverse_efficiency``)."""
         backward = direction == "backward"
         flops = tiles.bwd_flops if backward else tiles.fwd_flops
         if tiles.sub_n is not None:

@@ -2,7 +2,7 @@
 
 Ranks that run different plans post messages of different sizes to each other, and the backend aborts
 (gloo: "Received data size doesn't match expected size", SIGABRT) or hangs. So the executor all-gathers
-a 32-byte digest of the plan (``dcp.serialize.execution_digest``: batch, cluster, layout, tiles,
+a 32-byte digest of the plan (``dcp.ir.serialize.execution_digest``: batch, cluster, layout, tiles,
 placement, both programs; not the planner's name or timing) once per (process group, plan digest) and
 raises ``PlanMismatchError`` on every rank, naming the ranks that differ, when they disagree.
 
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dcp.errors import ExecutionError, PlanMismatchError
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 _AGREED: "OrderedDict[tuple, None]" = OrderedDict()  # (group key, digest) proven on that group
 _AGREED_MAX = 4096
@@ -30,7 +30,7 @@ _FAILED = b"\xff" * 32  # stands for "this rank could not digest its plan" in th
 def plan_digest(plan: Plan) -> bytes:
     """``execution_digest(plan)``, computed once per plan object."""
     from dcp.execute.tables import plan_tables
-    from dcp.serialize import execution_digest
+    from dcp.ir.serialize import execution_digest
 
     tab = plan_tables(plan)
     if tab.digest is None:

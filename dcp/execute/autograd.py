@@ -5,7 +5,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from dcp.execute.distributed import DistributedExecutor
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 
 class DCPAttentionFunction(torch.autograd.Function):

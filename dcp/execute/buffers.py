@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from dcp.plan import Unit
+from dcp.ir.instructions import Unit
 
 HOME, BUF, MSG = 0, 1, 2   # a call side reads: the caller's tensors, the slot buffer, one received unit
 _ALIGN = 8  # every packed tensor starts at a multiple of 8 bytes

@@ -10,7 +10,7 @@ from typing import Sequence
 import torch
 
 from dcp.errors import ExecutionError
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 
 def _index(plan: Plan, rank: int, device) -> torch.Tensor:

@@ -14,7 +14,7 @@ raises ``ExecutionError`` naming the round and the peers of that round instead o
 Inputs are validated before any transfer: local shapes ``[n_local, Hq, D]`` / ``[n_local, Hkv, D]``, one
 floating dtype, one device, the plan's world size equal to the group's, every rank holding the same plan
 (a digest all-gather once per new plan: ``dcp.execute.agreement``, ``PlanMismatchError`` naming the ranks
-that differ), and (by default, once per plan) ``dcp.validate.validate(plan)``.
+that differ), and (by default, once per plan) ``dcp.ir.validate.validate(plan)``.
 """
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ from dcp.errors import ExecutionError
 from dcp.execute.agreement import agree_on_plan
 from dcp.execute.local import DeviceRunner, backward_home, default_scale, resolve_kernels
 from dcp.execute.tables import ensure_valid, plan_tables
-from dcp.plan import Plan
-
+from dcp.ir.plan import Plan
 
 _NCCL_READY: set = set()
 _STREAMS: dict = {}  # one transfer stream per CUDA device
@@ -118,7 +117,7 @@ class DistributedExecutor:
         group: process group (None: the default group). Without an initialized process group a
             one-device plan runs locally.
         kernels: ``dcp.kernels`` backend name or kernels object (None: "auto").
-        validate: prove the plan with ``dcp.validate.validate`` once per plan object.
+        validate: prove the plan with ``dcp.ir.validate.validate`` once per plan object.
         timeout: seconds to wait for one round's transfers before raising ``ExecutionError`` (None: the
             process group's timeout).
         scale: softmax scale (None: 1/sqrt(head_dim)).

@@ -1,7 +1,7 @@
 """The per-device interpreter shared by every executor.
 
 A ``DeviceRunner`` executes one device's stream of a program (``plan.forward`` or ``plan.backward``,
-read through its per-device index ranges, ``dcp.program``)
+read through its per-device index ranges, ``dcp.ir.program``)
 against that device's home rows. Transfers go through a ``Comm`` (in-memory for the reference executor,
 ``torch.distributed`` for the distributed one):
 
@@ -35,7 +35,7 @@ Unit payloads (one unit = one token block × one head block, L tokens):
     Q: q [L, hq, D]                 KV: k, v [L, hkv, D]
     O: o [L, hq, D], lse [hq, L]    QG: q, dO [L, hq, D], lse, delta [hq, L]
     DQ: dq [L, hq, D]               DKV: dk, dv [L, hkv, D]
-with q/k/v/dO and partials (o, dq, dk, dv) in the element dtype (as ``dcp.units.bytes_per_token`` counts
+with q/k/v/dO and partials (o, dq, dk, dv) in the element dtype (as ``dcp.layout.units.bytes_per_token`` counts
 them; ``partial_dtype`` may raise partials to fp32) and lse/delta in fp32 (fp64 for fp64 runs).
 """
 from __future__ import annotations
@@ -47,15 +47,15 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.execute.buffers import BUF, HOME, MSG, cat_as, nbytes, new_like_rows, pack, rows_of, unpack
 from dcp.execute.fallback import FallbackKernels
+from dcp.execute.tables import INPUT_KINDS, OUTPUT_KINDS, Op, plan_tables
+from dcp.ir.instructions import Unit
+from dcp.ir.plan import Plan
 from dcp.kernels import get_kernels
 from dcp.kernels.tiles import TileTable
 from dcp.kernels.varlen_ops import gpu_varlen_available
-from dcp.execute.buffers import BUF, HOME, MSG, cat_as, nbytes, new_like_rows, pack, rows_of, unpack
-from dcp.execute.tables import INPUT_KINDS, OUTPUT_KINDS, Op, plan_tables
-from dcp.plan import Plan, Unit
-from dcp.units import Kind
-
+from dcp.layout.units import Kind
 
 
 # --------------------------------------------------------------------------------------------- comm

@@ -4,7 +4,7 @@ Devices run in lockstep by rounds, as grouped point-to-point communication order
 post round r, then each device computes and waits for round r (and reduces what arrived). Any
 inconsistency of the plan at run time (a message never sent, sizes that differ, a partial never merged or
 never sent home, an input used before it arrived) raises ``ExecutionError``; with ``validate=True`` (the
-default) the plan is first proven by ``dcp.validate.validate`` (``PlanValidationError``).
+default) the plan is first proven by ``dcp.ir.validate.validate`` (``PlanValidationError``).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dcp.execute.buffers import cat_as
 from dcp.execute.dispatch import undispatch
 from dcp.execute.local import DeviceRunner, _stat_dtype, backward_home, default_scale, own_storages, resolve_kernels
 from dcp.execute.tables import ensure_valid, plan_tables
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 
 def _scatter(plan: Plan, x: torch.Tensor, dim: int = 0) -> list[torch.Tensor]:
@@ -92,7 +92,7 @@ class ReferenceExecutor:
 
     Args:
         kernels: ``dcp.kernels`` backend name ("auto", "reference", "native") or a kernels object.
-        validate: prove the plan with ``dcp.validate.validate`` before its first run (cached per plan).
+        validate: prove the plan with ``dcp.ir.validate.validate`` before its first run (cached per plan).
         scale: softmax scale (None: 1/sqrt(head_dim)).
         partial_dtype: dtype of partial outputs on the wire (None: the element dtype, as the cost model).
     """

@@ -18,10 +18,11 @@ import torch
 
 from dcp.errors import ExecutionError
 from dcp.execute.buffers import DeviceLayout, build_layout
+from dcp.ir.instructions import Unit
+from dcp.ir.plan import Plan
+from dcp.ir.program import DST, HB, KIND, SRC, TB
 from dcp.kernels.tiles import TileTable
-from dcp.plan import Plan, Unit
-from dcp.program import DST, HB, KIND, SRC, TB
-from dcp.units import Kind
+from dcp.layout.units import Kind
 
 if TYPE_CHECKING:
     from dcp.execute.local import Dtypes
@@ -127,7 +128,7 @@ class PlanTables:
         return self._layouts[(direction, device)]
 
     def _compile(self, direction: str, device: int):
-        """Ops of the device's canonical stream (``dcp.program.DeviceIndex.stream``), from its index ranges."""
+        """Ops of the device's canonical stream (``dcp.ir.program.DeviceIndex.stream``), from its index ranges."""
         if not 0 <= device < self.plan.n_devices:
             raise ExecutionError(f"{direction}: device {device} is not one of the plan's {self.plan.n_devices}")
         ops, starts = [], [0]
@@ -187,7 +188,7 @@ def plan_tables(plan: Plan) -> PlanTables:
     tab = _TABLES.get(plan)
     if tab is None:
         if plan.layout.grouped:  # executors run a grouped plan as the equivalent plan over its pieces
-            from dcp.expand import expand_pieces
+            from dcp.ir.expand import expand_pieces
 
             tab = PlanTables(expand_pieces(plan))
         else:
@@ -214,11 +215,11 @@ def check_tiles_once(plan: Plan) -> None:
 
 
 def ensure_valid(plan: Plan, full: bool = True) -> None:
-    """``dcp.validate.validate(plan)`` once per plan object (raises ``PlanValidationError``); with
+    """``dcp.ir.validate.validate(plan)`` once per plan object (raises ``PlanValidationError``); with
     ``full=False`` only ``check_tiles_once``."""
     tab = plan_tables(plan)
     if full and not tab.validated:
-        from dcp.validate import validate
+        from dcp.ir.validate import validate
 
         validate(plan)
         tab.validated = True

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from dcp.errors import PlanMismatchError
 from dcp.integration.cache import CachedPlan, digest_bytes
 from dcp.integration.worker import PlanningError
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 OK, ERROR = 0, 1
 HEADER_LEN = 4 + 4 + 4

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import InvalidConfigError
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 from dcp.spec import BatchSpec
 
 

@@ -37,8 +37,8 @@ from torch import nn
 from dcp.errors import DcpError
 from dcp.integration.loader import IGNORE_INDEX, DCPBatch
 from dcp.integration.module import DCPAttention, sum_gradients
+from dcp.ir.plan import Plan
 from dcp.masks import CausalMask, ranges_to_dense
-from dcp.plan import Plan
 from dcp.spec import BatchSpec
 
 # setup.py's "hf" and "test" extras pin the same range. The tests passed on 4.56.2, 4.57.6, 5.0.0 and 5.23.0

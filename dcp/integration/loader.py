@@ -43,8 +43,8 @@ from dcp.errors import DcpError, InvalidConfigError
 from dcp.integration.broadcast import share_plan
 from dcp.integration.cache import CachedPlan, PlanCache, batch_digest, config_fingerprint, plan_key
 from dcp.integration.worker import PlanningError, WorkerConfig, make_planner
+from dcp.ir.plan import Plan
 from dcp.masks import CausalMask, Mask
-from dcp.plan import Plan
 from dcp.spec import BatchSpec
 
 log = logging.getLogger("dcp.integration")

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.errors import ExecutionError, InvalidConfigError
-from dcp.plan import Plan
+from dcp.ir.plan import Plan
 
 MODES = ("auto", "distributed", "single_process")
 

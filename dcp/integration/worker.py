@@ -60,7 +60,7 @@ class PlanningTimeoutError(PlanningError):
 
 def plan_description(description: dict, cluster: Cluster, config: PlannerConfig) -> bytes:
     """The default job: ``dcp.plan(BatchSpec.from_description(description), cluster, config).to_bytes()``."""
-    from dcp.planner import plan
+    from dcp.planner.dcp_planner import plan
 
     return plan(BatchSpec.from_description(description), cluster, config).to_bytes()
 

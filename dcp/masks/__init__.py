@@ -4,11 +4,11 @@ Mask families (one module each): ``CausalMask``, ``FullMask``, ``SlidingWindowMa
 ``SharedQuestionMask``, ``CausalBlockwiseMask``, ``ModalityMask``, ``PrefixLMMask``, ``DocumentMask``,
 ``RangesMask`` (explicit ranges) and ``MaskModMask`` (a FlexAttention-style predicate). ``MASKS`` maps
 family names to classes; ``from_description`` inverts ``Mask.describe()``; ``from_cli`` builds a mask
-from command-line strings; ``from_mask_mod`` materializes a predicate. Each mask module can draw its
-mask: ``python -m dcp.masks.lambda_mask out.png [--seqlen L] [key=value ...]``.
+from command-line strings; ``from_mask_mod`` materializes a predicate. Any mask draws as a PNG:
+``mask.draw(seqlen, "out.png")``, or ``python -m dcp.masks.draw lambda out.png [--seqlen L] [key=value ...]``.
 
 The submodules other than ``base`` and ``causal`` are imported lazily on first attribute access, so that
-running a mask module with ``python -m`` does not import it twice.
+``import dcp.masks`` stays light.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ _LAZY = {
     "MASKS": "registry",
     "from_description": "registry",
     "from_cli": "registry",
-    "draw_ranges": "draw",
+    "draw_ranges": "render",
 }
 
 __all__ = ["Mask", "CausalMask", "dense_to_ranges", "ranges_to_dense", "validate_ranges", "check_seqlen",

@@ -39,7 +39,7 @@ class Mask(abc.ABC):
 
     def draw(self, seqlen: int, path: str, max_pixels: int = 1024) -> None:
         """Write the mask of a ``seqlen``-token sequence as a PNG (downsampled to <= max_pixels)."""
-        from dcp.masks.draw import draw_ranges
+        from dcp.masks.render import draw_ranges
 
         draw_ranges(self.kv_ranges(seqlen), seqlen, path, title=f"{self.name} (L={seqlen})",
                     max_pixels=max_pixels)

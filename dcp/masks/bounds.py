@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 #: bounds are kept within +-2**61 so that a sum or difference of two never wraps in int64
 SAFE = 1 << 61
 INT64 = (-SAFE, SAFE)
+#: ops defined above this module (``dcp.masks.bounds_lookup`` adds "lookup" when imported)
+INDEXING: dict[str, Callable] = {}
 BOOL_RANGE = (0, 1)
 
 
@@ -92,10 +94,11 @@ class Bounds:
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", repr(func))
         trace = _trace_of(args, kwargs)
-        if name == "__getitem__":
-            from dcp.masks.bounds_lookup import lookup  # (a module of its own; it imports this one)
-
-            return lookup(args[0], args[1], trace)
+        if name == "__getitem__":  # table lookups: ``dcp.masks.bounds_lookup`` registers its op here
+            op = INDEXING.get("lookup")
+            if op is None:
+                trace.refuse("indexing a tensor with a traced value (import dcp.masks.bounds_lookup)")
+            return op(args[0], args[1], trace)
         op = TORCH_FUNCTIONS.get(name)
         if op is None:
             trace.refuse(f"torch function {name}")

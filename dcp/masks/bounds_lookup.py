@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from dcp.masks.bounds import BOOL_RANGE, Bounds, BoolBounds, IntBounds, Trace, dtype_range, int_result, is_const, lift
+from dcp.masks.bounds import (BOOL_RANGE, INDEXING, BoolBounds, Bounds, IntBounds, Trace, dtype_range, int_result,
+                              is_const, lift)
 
 
 class TableCache:
@@ -131,3 +132,6 @@ def _from_values(vmin, vmax, trace: Trace, rng) -> Bounds:
     if rng == BOOL_RANGE:
         return BoolBounds(np.asarray(vmax) != 0, np.asarray(vmin) == 0, trace)
     return int_result(vmin, vmax, trace, rng, "lookup")
+
+
+INDEXING["lookup"] = lookup

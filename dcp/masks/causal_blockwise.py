@@ -34,12 +34,3 @@ class CausalBlockwiseMask(Mask):
         window_start = np.where(single, end, first_window_block * block)  # empty second range when single
         first_end = np.where(single, end, block)
         return pack_two_ranges(np.zeros(seqlen, dtype=np.int32), first_end, window_start, end)
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("causal_blockwise", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

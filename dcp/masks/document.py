@@ -54,13 +54,3 @@ class DocumentMask(Mask):
             shifted = base[None].astype(np.int64) + doc_offsets[:, None, None, None] * used  # [D, n, R, 2]
             out[rows, : base.shape[1]] = shifted.reshape(-1, base.shape[1], 2)
         return out
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("document", argv, defaults={"doc_lengths": (1024, 512, 2048, 512)}, seqlen=4096)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,129 +1,46 @@
-"""Draw a mask as a PNG image (query tokens down, key positions across; attended pairs dark).
+"""Command line: draw a mask as a PNG (rendering: ``dcp.masks.render``).
 
-The image is computed from the KV ranges without building the dense ``L x L`` matrix: with
-``n = min(L, max_pixels)`` pixels per side, token k falls into pixel ``k * n // L`` along either axis and a
-pixel is dark when *any* query token of its row bucket attends *any* key of its column bucket (exact
-max-pooling, done with a per-pixel-row difference array). Small masks are scaled up by an integer factor
-so that the picture is at least about 256 pixels wide (never beyond ``max_pixels``).
-
-matplotlib is optional: when it is importable (and ``backend`` is "auto" or "matplotlib") the image is
-drawn with axes and a title; otherwise a plain grayscale PNG is written with ``zlib`` + ``struct`` (the
-title goes into a ``tEXt`` chunk).
-
-Command line: ``python -m dcp.masks.draw NAME OUT.png [--seqlen L] [--max-pixels N] [key=value ...]``.
+``python -m dcp.masks.draw NAME OUT.png [--seqlen L] [--max-pixels N] [key=value ...]``, e.g.
+``python -m dcp.masks.draw lambda out.png sink=64 window=512``. Masks with required parameters draw an
+example (``EXAMPLES``) when none are given.
 """
 from __future__ import annotations
 
 import argparse
-import struct
-import zlib
 
-import numpy as np
+from dcp.masks.registry import MASKS, from_cli
 
-from dcp.errors import InvalidMaskError
-
-MIN_SIDE = 256
-
-
-def downsample_ranges(ranges_tr2: np.ndarray, seqlen: int, max_pixels: int = 1024) -> np.ndarray:
-    """Max-pool the mask given by ``ranges_tr2`` into a boolean ``[n, n]`` image, ``n = min(L, max_pixels)``."""
-    ranges_tr2 = np.asarray(ranges_tr2)
-    if max_pixels < 1:
-        raise InvalidMaskError(f"max_pixels must be >= 1, got {max_pixels}")
-    n = min(seqlen, int(max_pixels))
-    starts = ranges_tr2[:, :, 0].astype(np.int64)
-    ends = ranges_tr2[:, :, 1].astype(np.int64)
-    used = ends > starts
-    tok = np.broadcast_to(np.arange(ranges_tr2.shape[0], dtype=np.int64)[:, None], used.shape)[used]
-    row = tok * n // seqlen
-    col_first = starts[used] * n // seqlen
-    col_last = (ends[used] - 1) * n // seqlen
-    # difference array per pixel row: +1 at the first covered column, -1 after the last one
-    width = n + 1
-    diff = np.bincount(row * width + col_first, minlength=n * width).astype(np.int64)
-    diff -= np.bincount(row * width + col_last + 1, minlength=n * width)
-    return np.cumsum(diff.reshape(n, width), axis=1)[:, :n] > 0
+#: parameters and sequence length drawn when the command line gives none (one example per mask)
+EXAMPLES: dict[str, tuple[dict, int]] = {
+    "lambda": ({"sink": 64, "window": 512}, 8192),
+    "sliding_window": ({"window": 256}, 8192),
+    "modality": ({"text_len": 256, "image_len": 512}, 8192),
+    "document": ({"doc_lengths": (1024, 512, 2048, 512)}, 4096),
+}
 
 
-def png_bytes(gray_hw: np.ndarray, title: str | None = None) -> bytes:
-    """Encode an 8-bit grayscale image ``[H, W]`` as PNG bytes (no dependencies)."""
-    img = np.ascontiguousarray(gray_hw, dtype=np.uint8)
-    height, width = img.shape
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    raw = np.zeros((height, width + 1), dtype=np.uint8)  # filter byte 0 (None) per scanline
-    raw[:, 1:] = img
-    out = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
-    if title:
-        out += chunk(b"tEXt", b"Title\x00" + title.encode("latin-1", "replace"))
-    out += chunk(b"IDAT", zlib.compress(raw.tobytes(), 6)) + chunk(b"IEND", b"")
-    return out
-
-
-def _have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def draw_ranges(ranges_tr2: np.ndarray, seqlen: int, path: str, title: str | None = None,
-                max_pixels: int = 1024, backend: str = "auto") -> None:
-    """Write the mask given by KV ranges ``[seqlen, R, 2]`` as a PNG at ``path``.
-
-    ``backend``: "auto" (matplotlib if importable, else plain PNG), "matplotlib" or "png".
-    """
-    if backend not in ("auto", "matplotlib", "png"):
-        raise InvalidMaskError(f"draw backend must be 'auto', 'matplotlib' or 'png', got {backend!r}")
-    pooled = downsample_ranges(ranges_tr2, seqlen, max_pixels)
-    if backend == "matplotlib" or (backend == "auto" and _have_matplotlib()):
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 6), dpi=max(100, min(300, pooled.shape[0] // 5)))
-        ax.imshow(pooled, cmap="gray_r", interpolation="nearest", extent=(0, seqlen, seqlen, 0), vmin=0, vmax=1)
-        ax.set_xlabel("key position")
-        ax.set_ylabel("query position")
-        if title:
-            ax.set_title(title)
-        fig.tight_layout()
-        fig.savefig(path)
-        plt.close(fig)
-        return
-    n = pooled.shape[0]
-    scale = max(1, min(MIN_SIDE, int(max_pixels)) // n)
-    gray = np.where(pooled, 0, 255).astype(np.uint8)
-    if scale > 1:
-        gray = np.repeat(np.repeat(gray, scale, axis=0), scale, axis=1)
-    with open(path, "wb") as f:
-        f.write(png_bytes(gray, title))
-
-
-def mask_main(name: str | None = None, argv=None, defaults: dict | None = None, seqlen: int = 8192) -> int:
-    """Command line entry: build a mask (by name and ``key=value`` parameters) and draw it."""
-    from dcp.masks.registry import MASKS, from_cli
-
+def mask_main(name: str | None = None, argv=None, defaults: dict | None = None, seqlen: int | None = None) -> int:
+    """Command line entry: build a mask (by name and ``key=value`` parameters) and draw it. Parameters not
+    given take ``defaults``, else the mask's entry in ``EXAMPLES``; ``seqlen`` likewise (else 8192)."""
     parser = argparse.ArgumentParser(description="Draw an attention mask as a PNG.")
     if name is None:
         parser.add_argument("mask", help=f"mask name, one of {sorted(MASKS)}")
     parser.add_argument("out", help="output PNG path")
-    parser.add_argument("--seqlen", type=int, default=seqlen)
+    parser.add_argument("--seqlen", type=int, default=None, help="sequence length (default: the example's, else 8192)")
     parser.add_argument("--max-pixels", type=int, default=1024)
     parser.add_argument("params", nargs="*", metavar="key=value", help="mask parameters")
     args = parser.parse_intermixed_args(argv)
-    params = dict(defaults or {})
+    mask_name = name or args.mask
+    example_params, example_seqlen = EXAMPLES.get(mask_name, ({}, 8192))
+    params = dict(example_params if defaults is None else defaults)
+    seqlen = args.seqlen or seqlen or example_seqlen
     for item in args.params:
         key, sep, value = item.partition("=")
         if not sep:
             parser.error(f"parameter {item!r} is not of the form key=value")
         params[key] = value
-    mask = from_cli(name or args.mask, **params)
-    mask.draw(args.seqlen, args.out, max_pixels=args.max_pixels)
+    mask = from_cli(mask_name, **params)
+    mask.draw(seqlen, args.out, max_pixels=args.max_pixels)
     print(f"wrote {args.out}: {mask.describe() if mask.name != 'ranges' else mask!r}")
     return 0
 

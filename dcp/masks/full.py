@@ -17,13 +17,3 @@ class FullMask(Mask):
         ranges_tr2 = np.zeros((seqlen, 1, 2), dtype=np.int32)
         ranges_tr2[:, 0, 1] = seqlen
         return ranges_tr2
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("full", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -29,13 +29,3 @@ class LambdaMask(Mask):
         sink_end = np.minimum(min(self.sink, seqlen), end)
         window_start = np.maximum(sink_end, end - min(self.window, seqlen))
         return pack_two_ranges(np.zeros_like(end), sink_end, window_start, end)
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("lambda", argv, defaults={"sink": 64, "window": 512})
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -78,13 +78,3 @@ class ModalityMask(Mask):
         ranges_tr2 = np.zeros((seqlen, 1, 2), dtype=np.int32)
         ranges_tr2[:, 0, 1] = end
         return ranges_tr2
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("modality", argv, defaults={"text_len": 256, "image_len": 512})
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

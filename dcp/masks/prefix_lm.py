@@ -34,13 +34,3 @@ class PrefixLMMask(Mask):
         ranges_tr2 = np.zeros((seqlen, 1, 2), dtype=np.int32)
         ranges_tr2[:, 0, 1] = np.maximum(np.arange(1, seqlen + 1), p)
         return ranges_tr2
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("prefix_lm", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

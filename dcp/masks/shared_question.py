@@ -48,12 +48,3 @@ class SharedQuestionMask(Mask):
         # question tokens: [0, t+1) ; answer tokens: [0, Q) + [a, t+1) (merged when a == Q)
         return pack_two_ranges(np.zeros(seqlen, dtype=np.int32), np.where(in_answer, np.int32(q_len), end),
                                np.where(in_answer, seg_start, end), end)
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("shared_question", argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

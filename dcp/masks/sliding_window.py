@@ -24,13 +24,3 @@ class SlidingWindowMask(Mask):
         ranges_tr2[:, 0, 0] = np.maximum(0, end - min(self.window, seqlen))
         ranges_tr2[:, 0, 1] = end
         return ranges_tr2
-
-
-def main(argv=None) -> int:
-    from dcp.masks.draw import mask_main
-
-    return mask_main("sliding_window", argv, defaults={"window": 256})
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -8,9 +8,9 @@ test oracle. Pure numpy, except that the event loop runs in C++ (``dcp._C.simula
 torch tensors) when the extension is built and no events are recorded (``simulate(..., native=False)``:
 the Python loop).
 """
+from dcp.sim.events import SimEvent, SimResult, iteration_time_s
 from dcp.sim.network import FluidNetwork, max_min_rates
-from dcp.sim.simulator import (SimEvent, SimResult, ideal_time_s, iteration_time_s, simulate, simulate_both,
-                               tile_times)
+from dcp.sim.simulator import ideal_time_s, simulate, simulate_both, tile_times
 from dcp.sim.trace import to_chrome_trace, trace_events
 
 __all__ = ["FluidNetwork", "max_min_rates", "SimEvent", "SimResult", "simulate", "simulate_both",

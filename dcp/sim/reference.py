@@ -15,10 +15,12 @@ import time
 import numpy as np
 
 from dcp.cost import CostModel
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
+from dcp.ir.instructions import CommLaunch, CommWait, Compute, Reduce
+from dcp.ir.plan import Plan
+from dcp.layout.units import bytes_per_token
+from dcp.sim.events import DIRECTIONS, SimEvent, SimResult, _resources
 from dcp.sim.network import FluidNetwork
-from dcp.sim.simulator import DIRECTIONS, SimEvent, SimResult, _delta_s, _resources, ideal_time_s
-from dcp.units import bytes_per_token
+from dcp.sim.simulator import _delta_s, ideal_time_s
 
 
 def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", *, coalesce: bool = True,

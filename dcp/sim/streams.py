@@ -1,6 +1,6 @@
 """The simulator's event loop over a columnar program: device streams, flow starts and finishes.
 
-Each device's canonical stream (``dcp.program``) is, per round r: post round r, compute stage r-1,
+Each device's canonical stream (``dcp.ir.program``) is, per round r: post round r, compute stage r-1,
 wait for round r, merge what round r brought. Only the rounds in which a device posts flows, computes or
 merges matter, so the streams are compiled into *steps*: one per (device, round) that holds any of them,
 sorted by device then round, with the step's compute and merge durations precomputed (``simulate``) and
@@ -15,13 +15,13 @@ import math
 
 import numpy as np
 
-from dcp.cost import CostModel
 from dcp import setops
-from dcp.plan import Plan
-from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.cost import CostModel
+from dcp.ir.plan import Plan
+from dcp.ir.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.layout.units import Kind, unit_bytes
+from dcp.sim.events import SimEvent, _resource_table
 from dcp.sim.flows import ComponentNetwork
-from dcp.sim.simulator import SimEvent, _resource_table
-from dcp.units import Kind, unit_bytes
 
 try:  # the C++ event loop (csrc/sim.cpp), when the extension is built
     from dcp import _C  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ import heapq
 import json
 from typing import Sequence, Union
 
-from dcp.sim.simulator import SimResult
+from dcp.sim.events import SimResult
 
 PID_STRIDE = 1000
 STREAM_KINDS = ("compute", "reduce", "wait", "delta")

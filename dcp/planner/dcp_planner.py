@@ -1,108 +1,53 @@
-"""Planners: typed objects that turn (batch, cluster) into a validated ``Plan``.
+"""dcp's planner: ``DCPPlanner`` and ``plan`` (``BatchSpec`` + ``Cluster`` → a validated ``Plan``).
 
-``DCPPlanner`` is dcp's planner (candidate placements scored by estimated time); the static baselines in ``dcp.baselines`` implement the
-same interface and emit plans in the same IR, so every comparison runs through the same validator,
-statistics and executors.
+Candidate placements — packings (``dcp.planner.pack``) at several compute tolerances, the two-level
+hypergraph partition (``dcp.planner.assign``) and the static baselines' placements (``dcp.planner.warm``) —
+are each scheduled (``dcp.schedule``) and scored by the estimated makespan (``dcp.cost.estimate``) under the
+memory budget (``dcp.planner.budget``); the few fastest are simulated and the fastest kept. The static
+baselines (``dcp.baselines``) implement the same ``Planner`` interface (``dcp.schedule.assemble``) and emit
+plans in the same IR, so every comparison runs through the same validator, statistics and executors.
 """
 from __future__ import annotations
 
-import abc
 import dataclasses
 import functools
 import json
 import time
 import warnings
-from typing import NamedTuple
 
 import numpy as np
 
-from dcp.assign import SLACK_COST, start_assign
-from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, uniform_layout
-from dcp.budget import MemoryBudget, pick, report as report_budget, token_note, within_tokens
-from dcp.build import build_program
-from dcp.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
-from dcp.errors import InvalidBatchError, InvalidClusterError, InvalidConfigError, PartitionerError, TooFewBlocksError
-from dcp.pack import SequenceProfiles, pack, pack_aligned
+from dcp.errors import InvalidConfigError, PartitionerError, TooFewBlocksError
+from dcp.ir.plan import Plan
+from dcp.layout.blocks import BlockLayout, TileSet, uniform_layout
+from dcp.layout.tiles import enumerate_tiles
 from dcp.partition import GreedyPartitioner
-from dcp.plan import Plan
-from dcp.refine import refine_packing
-from dcp.schedule import Routes, Schedule
+from dcp.planner.assign import SLACK_COST, start_assign
+from dcp.planner.budget import MemoryBudget, pick
+from dcp.planner.budget import report as report_budget
+from dcp.planner.budget import token_note, within_tokens
+from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
+from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
+from dcp.planner.refine import refine_packing
+from dcp.planner.warm import warm_candidates
+from dcp.schedule.assemble import Planner, assemble, check_inputs
 from dcp.spec import BatchSpec
-from dcp.validate import validate
-from dcp.warm import warm_candidates
 
 
-class StaticParts(NamedTuple):
-    """A static planner's placement and its own schedule, before programs are built (what ``assemble``
-    takes; dcp's search starts from it, ``dcp.warm``)."""
-
-    layout: BlockLayout
-    tiles: TileSet
-    home: np.ndarray
-    tile_device: np.ndarray
-    tile_stage: np.ndarray
-    routes: Routes
-    notes: tuple[str, ...] = ()
-
-
-class Planner(abc.ABC):
-    name: str = "planner"
-
-    @abc.abstractmethod
-    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
-        """A validated plan for this batch on this cluster."""
-
-    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
-        """The placement and schedule of a static planner (``NotImplementedError`` for search planners)."""
-        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
-
-    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
-        """About how many tiles ``static_parts`` gives (causal masks: an upper bound), without building
-        them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
-        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
-
-
-def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
-             tile_device: np.ndarray, tile_stage: np.ndarray, routes: Routes, planner: str, started: float,
-             notes: tuple[str, ...] = (), check: bool = True, backward: Schedule | None = None) -> Plan:
-    """Build both programs, validate, and stamp the planning time (spec → validated plans).
-
-    ``tile_stage``/``routes`` schedule the forward, and the backward too unless ``backward`` gives it
-    its own schedule."""
-    bwd_stage, bwd_routes = (tile_stage, routes) if backward is None else (backward.tile_stage, backward.routes)
-    plan = Plan(spec, cluster, layout, tiles, np.asarray(home, dtype=np.int32),
-                np.asarray(tile_device, dtype=np.int32), build_program("forward", tile_stage, routes),
-                build_program("backward", bwd_stage, bwd_routes), planner, 0.0, tuple(notes))
-    meta = {}
-    if check:
-        validate(plan)
-        meta["valid"] = True
-    return dataclasses.replace(plan, planning_time_s=time.perf_counter() - started, meta=meta)
-
-
-def assemble_static(spec: BatchSpec, cluster: Cluster, parts: StaticParts, planner: str, started: float) -> Plan:
-    """``assemble`` for a static planner's parts (its own schedule in both directions, its notes)."""
-    return assemble(spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, parts.tile_stage,
-                    parts.routes, planner, started, parts.notes)
-
-
-def check_inputs(spec: BatchSpec, cluster: Cluster, config=None) -> None:
-    if not isinstance(spec, BatchSpec):
-        raise InvalidBatchError(f"expected a dcp.BatchSpec, got {type(spec).__name__}")
-    if not isinstance(cluster, Cluster):
-        raise InvalidClusterError(f"expected a dcp.Cluster, got {type(cluster).__name__}")
-    if config is not None and not isinstance(config, PlannerConfig):
+def check_config(config) -> None:
+    """A named error for a configuration that is not a ``PlannerConfig`` (a dict gets a hint)."""
+    if not isinstance(config, PlannerConfig):
         hint = f" (write dcp.PlannerConfig(**{config!r}))" if isinstance(config, dict) else ""
         raise InvalidConfigError(f"expected a dcp.PlannerConfig, got {type(config).__name__}{hint}")
 
 
 @dataclasses.dataclass(frozen=True)
 class DCPPlanner(Planner):
-    """dcp's planner: candidate placements — packings (``dcp.pack``) at several compute tolerances and
-    the two-level hypergraph partition (``dcp.assign``) — each scheduled per direction at several stage
-    counts (``dcp.schedule``), scored by the estimated makespan (``dcp.sim.estimate``) or by bytes, as
+    """dcp's planner: candidate placements — packings (``dcp.planner.pack``) at several compute tolerances and
+    the two-level hypergraph partition (``dcp.planner.assign``) — each scheduled per direction at several stage
+    counts (``dcp.schedule``), scored by the estimated makespan (``dcp.cost.estimate``) or by bytes, as
     ``config.search`` says; the partitioner works in its process while the packings are evaluated here."""
 
     config: PlannerConfig = dataclasses.field(default_factory=PlannerConfig)
@@ -110,7 +55,8 @@ class DCPPlanner(Planner):
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
-        check_inputs(spec, cluster, self.config)
+        check_inputs(spec, cluster)
+        check_config(self.config)
         cfg = self.config
         layout = uniform_layout(spec, cfg.block_size, cfg.hypergraph_head_block_size(spec.num_heads, spec.num_kv_heads))
         if layout.n_token_blocks < cluster.n_devices and not cfg.allow_idle_devices:
@@ -171,7 +117,7 @@ class DCPPlanner(Planner):
 
     def _warm(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, cands: list[Candidate],
               packings: dict, budget: MemoryBudget, skipped: list[str]) -> list[str]:
-        """Add the static planners' placements to ``cands`` (``dcp.warm``); returns the planners whose plans
+        """Add the static planners' placements to ``cands`` (``dcp.planner.warm``); returns the planners whose plans
         entered the search (directly or as an identical earlier plan) and notes the skipped ones."""
         cfg = self.config
         if not cfg.search.warm_starts:
@@ -255,7 +201,7 @@ class DCPPlanner(Planner):
 
     def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
                 weights, budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
-        """Refine the chosen packing or warm start (``dcp.refine``) within the token budget; it stays
+        """Refine the chosen packing or warm start (``dcp.planner.refine``) within the token budget; it stays
         chosen only if it still wins."""
         cfg = self.config
         cap = max(float(best.max_tokens), budget.tokens)
@@ -313,7 +259,7 @@ class DCPPlanner(Planner):
         return out, groups
 
     def _start_assign(self, spec, cluster, layout, tiles, partitioner, time_budget_s):
-        """The two-level hypergraph placement of ``tiles`` with ``partitioner`` (``dcp.assign.start_assign``),
+        """The two-level hypergraph placement of ``tiles`` with ``partitioner`` (``dcp.planner.assign.start_assign``),
         balancing exact work (FLOPs): the executors run each stage as one fused call whose speed depends on
         merged extents, not on how finely tiles are cut."""
         cfg = self.config
@@ -355,8 +301,8 @@ class _Dropped(Exception):
 def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | None = None, spec=None,
            cluster: Cluster | None = None, memo: dict | None = None) -> tuple[Candidate, list[str]]:
     """The candidate ``cfg.search`` asks for (``SearchConfig``) among those within the memory budget
-    (``dcp.budget``; ties go to the earlier candidate; with the time objective the fastest few by the
-    estimate are simulated and the fastest simulated one wins, ``dcp.budget.pick``), and the notes saying
+    (``dcp.planner.budget``; ties go to the earlier candidate; with the time objective the fastest few by the
+    estimate are simulated and the fastest simulated one wins, ``dcp.planner.budget.pick``), and the notes saying
     where it is over budget."""
     notes: list[str] = []
     if budget is not None:

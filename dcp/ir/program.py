@@ -20,7 +20,7 @@ sent in round r holds the tiles of stages <= r-2 and the merges of rounds <= r-1
 posts every round and waits only for that round, the streams cannot deadlock: by induction over r, every
 device reaches ``CommLaunch(r)``, so every transfer of round r starts and every ``CommWait(r)`` returns.
 
-The instruction objects of ``dcp.plan`` are a *view* of these tables (``device_plans``), for readers and
+The instruction objects of ``dcp.ir.instructions`` are a *view* of these tables (``device_plans``), for readers and
 tests; executors, the validator, statistics, the serializer and the simulator read the tables, through
 per-device index ranges (``DeviceIndex``).
 """
@@ -31,7 +31,8 @@ from typing import Iterator
 
 import numpy as np
 
-from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Kind
+from dcp.ir.instructions import CommLaunch, CommWait, Compute, DevicePlan, Reduce, Transfer, Unit
+from dcp.layout.units import INPUT_KINDS, OUTPUT_KINDS, Kind
 
 COLUMNS = ("kind", "tb", "hb", "src", "dst", "round")
 KIND, TB, HB, SRC, DST, ROUND = range(6)
@@ -184,9 +185,7 @@ class DeviceIndex:
 
 
 def device_plans(program: Program, tile_device: np.ndarray, n_devices: int) -> tuple:
-    """The instruction view (``dcp.plan.DevicePlan`` per device) of a program."""
-    from dcp.plan import CommLaunch, CommWait, Compute, DevicePlan, Reduce, Transfer, Unit
-
+    """The instruction view (``dcp.ir.instructions.DevicePlan`` per device) of a program."""
     def transfers(rows: np.ndarray, peer: int) -> tuple:
         return tuple(Transfer(Unit(Kind(k), tb, hb), p) for k, tb, hb, p in rows[:, [KIND, TB, HB, peer]].tolist())
 

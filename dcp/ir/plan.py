@@ -1,6 +1,6 @@
 """The plan: a batch, its blocks and tiles, their placement, and a forward and a backward ``Program``.
 
-Each program is columnar (``dcp.program``: tile stages, transfer rows, merge rows). Per device it reads
+Each program is columnar (``dcp.ir.program``: tile stages, transfer rows, merge rows). Per device it reads
 as an ordered instruction stream; ``Plan.program(direction)`` builds that view, from these frozen
 instruction objects, for readers and tests (executors, the validator and the simulator read the tables):
 - ``CommLaunch(round, sends, recvs)``: post this round's transfers as one group (every device posts
@@ -17,72 +17,16 @@ block)``. An input may be relayed: a device may send an input it received in an 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Union
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
-from dcp.program import Program, device_plans
+from dcp.ir.instructions import DevicePlan
+from dcp.ir.program import Program, device_plans
+from dcp.ir.serialize import plan_fields_from_bytes, plan_to_bytes
+from dcp.ir.stats import plan_stats
+from dcp.layout.blocks import BlockLayout, TileSet
 from dcp.spec import BatchSpec
-from dcp.units import Kind
-
-
-class Unit(NamedTuple):
-    kind: Kind
-    tb: int
-    hb: int
-
-
-class Transfer(NamedTuple):
-    unit: Unit
-    peer: int
-
-
-@dataclass(frozen=True)
-class CommLaunch:
-    round: int
-    sends: tuple[Transfer, ...]
-    recvs: tuple[Transfer, ...]
-
-
-@dataclass(frozen=True)
-class CommWait:
-    round: int
-
-
-@dataclass(frozen=True)
-class Compute:
-    stage: int
-    tiles: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Reduce:
-    unit: Unit
-    sources: tuple[int, ...]
-
-
-Instruction = Union[CommLaunch, CommWait, Compute, Reduce]
-
-
-@dataclass(frozen=True)
-class DevicePlan:
-    device: int
-    instructions: tuple[Instruction, ...]
-
-    def __str__(self) -> str:
-        lines = [f"device {self.device}:"]
-        for ins in self.instructions:
-            if isinstance(ins, CommLaunch):
-                lines.append(f"  launch r{ins.round}: send {len(ins.sends)}, recv {len(ins.recvs)}")
-            elif isinstance(ins, CommWait):
-                lines.append(f"  wait r{ins.round}")
-            elif isinstance(ins, Compute):
-                lines.append(f"  compute s{ins.stage}: {len(ins.tiles)} tiles")
-            else:
-                lines.append(f"  reduce {ins.unit.kind.name}[{ins.unit.tb},{ins.unit.hb}] <- {list(ins.sources)}")
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,7 +35,7 @@ class Plan:
 
     ``home``: int32 ``[n_token_blocks]``, the device holding each token block (its tokens' q/k/v/o and
     gradients); ``tile_device``: int32 ``[n_tiles]``, where each tile runs (both directions);
-    ``forward``/``backward``: the columnar programs (``dcp.program.Program``), each with its own tile
+    ``forward``/``backward``: the columnar programs (``dcp.ir.program.Program``), each with its own tile
     stages, transfers and merges. ``planning_time_s`` is the wall-clock time of the call that made it;
     it is not part of the plan's bytes (``to_bytes``), which depend on the inputs alone.
     """
@@ -153,7 +97,7 @@ class Plan:
         return self.forward if direction == "forward" else self.backward
 
     def index(self, direction: str):
-        """Per-device index ranges of a direction's program (``dcp.program.DeviceIndex``, cached)."""
+        """Per-device index ranges of a direction's program (``dcp.ir.program.DeviceIndex``, cached)."""
         return self.columns(direction).index(self.tile_device, self.n_devices)
 
     def program(self, direction: str) -> tuple[DevicePlan, ...]:
@@ -166,21 +110,17 @@ class Plan:
         return got[1]
 
     def stats(self):
-        from dcp.stats import plan_stats
-
+        """``dcp.ir.stats.PlanStats``: bytes moved, balance, memory, validity."""
         return plan_stats(self)
 
     def to_bytes(self, compress: bool | None = None) -> bytes:
-        """Serialized plan (``dcp.serialize``); ``compress``: zlib-wrapped (None: when large)."""
-        from dcp.serialize import plan_to_bytes
-
+        """Serialized plan (``dcp.ir.serialize``); ``compress``: zlib-wrapped (None: when large)."""
         return plan_to_bytes(self, compress)
 
     @staticmethod
     def from_bytes(data: bytes) -> "Plan":
-        from dcp.serialize import plan_from_bytes
-
-        return plan_from_bytes(data)
+        """The plan ``to_bytes`` wrote (``SerializationError`` for anything else)."""
+        return Plan(**plan_fields_from_bytes(data))
 
     def __repr__(self) -> str:
         return (f"Plan(planner={self.planner!r}, devices={self.n_devices}, seqs={self.spec.num_seqs}, "

@@ -2,7 +2,7 @@
 
 A *candidate* is a placement (a block layout, the home of every token block, the device of every tile)
 with one schedule per direction. ``evaluate`` schedules a placement at every stage count it is given,
-estimates each schedule's makespan with ``dcp.sim.estimate`` (the simulator's program and cost rules,
+estimates each schedule's makespan with ``dcp.cost.estimate`` (the simulator's program and cost rules,
 vectorized; milliseconds), and keeps the fastest per direction, so the planner can compare many
 balance/communication trade-offs for about the cost of one hypergraph partition.
 """
@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
-from dcp.schedule import Schedule, schedule
-from dcp.sim.estimate import estimate_device_ends_s
+from dcp.cost.estimate import estimate_device_ends_s
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.layout.units import Kind, bytes_per_token
+from dcp.schedule.stages import Schedule, schedule
 from dcp.spec import BatchSpec
-from dcp.units import Kind, bytes_per_token
 
 _OUT_KINDS = {"forward": (Kind.O, None), "backward": (Kind.DQ, Kind.DKV)}
 _IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}

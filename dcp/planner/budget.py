@@ -6,7 +6,7 @@ Two quantities per device decide whether a plan fits where static context parall
   a plan may hold at most ``PlannerConfig.token_budget`` (``(1 + epsilon_memory) x`` the mean, or an
   explicit ``max_tokens_per_device``) on one device;
 - **transient buffers** (received inputs and partial outputs alive at once, per direction;
-  ``dcp.memory.transient_peak_bytes``): at most ``PlannerConfig.transient_budget x`` the bytes of the
+  ``dcp.ir.memory.transient_peak_bytes``): at most ``PlannerConfig.transient_budget x`` the bytes of the
   attention activations (q, k, v and o) of the budget's tokens.
 
 ``within_tokens`` keeps the candidates within the token budget; ``pick`` then checks transient buffers
@@ -49,8 +49,8 @@ def device_tokens(cand, n_devices: int) -> np.ndarray:
 
 def candidate_programs(cand, spec, cluster):
     """The candidate as an unvalidated ``Plan`` (its forward and backward programs built)."""
-    from dcp.build import build_program
-    from dcp.plan import Plan
+    from dcp.ir.plan import Plan
+    from dcp.schedule.build import build_program
 
     return Plan(spec, cluster, cand.layout, cand.tiles, np.asarray(cand.home, dtype=np.int32),
                 np.asarray(cand.tile_device, dtype=np.int32),
@@ -59,8 +59,8 @@ def candidate_programs(cand, spec, cluster):
 
 
 def plan_transient(plan) -> np.ndarray:
-    """Peak transient bytes per device of a plan, the larger of the two directions (``dcp.memory``)."""
-    from dcp.memory import plan_transient_peaks
+    """Peak transient bytes per device of a plan, the larger of the two directions (``dcp.ir.memory``)."""
+    from dcp.ir.memory import plan_transient_peaks
 
     return np.maximum(*plan_transient_peaks(plan).values())
 
@@ -76,7 +76,7 @@ def within_tokens(cands: list, budget: MemoryBudget) -> tuple[list, bool]:
 
 
 #: candidates estimated more than this much slower than the fastest are not simulated (the estimate's
-#: error against the simulator is a few per cent, ``dcp.sim.estimate``)
+#: error against the simulator is a few per cent, ``dcp.cost.estimate``)
 SIMULATE_WITHIN = 0.1
 
 

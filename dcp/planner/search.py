@@ -16,8 +16,9 @@ import warnings
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
 from dcp.errors import DcpError
-from dcp.plan import Plan
-from dcp.planner import DCPPlanner, Planner
+from dcp.ir.plan import Plan
+from dcp.planner.dcp_planner import DCPPlanner
+from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
 
 

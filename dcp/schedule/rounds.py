@@ -17,7 +17,7 @@ from dcp.cluster import Cluster
 from dcp.cost import CostModel
 
 if TYPE_CHECKING:
-    from dcp.schedule import Demands
+    from dcp.schedule.stages import Demands
 
 try:  # the C++ loop, when the extension is built
     from dcp import _C  # type: ignore[attr-defined]

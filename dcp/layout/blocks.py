@@ -36,13 +36,13 @@ class BlockLayout:
     n_head_blocks: int
     kv_heads_per_block: int
     group_size: int = 1  # query heads per KV head (GQA)
-    #: a grouped layout (``dcp.pieces``): the ordinary layout of its pieces, and each piece's block
+    #: a grouped layout (``dcp.layout.pieces``): the ordinary layout of its pieces, and each piece's block
     pieces: "BlockLayout | None" = None
     piece_block: np.ndarray | None = None
 
     @property
     def grouped(self) -> bool:
-        """Blocks are groups of pieces of several sequences (``dcp.pieces``)."""
+        """Blocks are groups of pieces of several sequences (``dcp.layout.pieces``)."""
         return self.pieces is not None
 
     @property
@@ -121,7 +121,7 @@ class TileSet:
     full: np.ndarray
     fwd_flops: np.ndarray
     bwd_flops: np.ndarray
-    #: grouped tiles only (``dcp.pieces``): sequences taking part, and the moments of their pairs
+    #: grouped tiles only (``dcp.layout.pieces``): sequences taking part, and the moments of their pairs
     sub_n: np.ndarray | None = None
     sub_wq: np.ndarray | None = None
     sub_wk: np.ndarray | None = None
@@ -173,39 +173,3 @@ def tile_flops(spec: BatchSpec, layout: BlockLayout, unmasked: np.ndarray) -> tu
 def nothing_to_attend() -> InvalidBatchError:
     """The error of a batch whose masks leave no (query, key) pair."""
     return InvalidBatchError("the masks leave no (query, key) pair to attend in any sequence: nothing to plan")
-
-
-def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
-    """All non-empty tiles of the batch under ``layout`` (grouped layouts: ``dcp.pieces``)."""
-    if layout.grouped:
-        from dcp.pieces import enumerate_grouped_tiles
-
-        return enumerate_grouped_tiles(spec, layout)
-    q_parts, k_parts, c_parts = [], [], []
-    for seq in range(spec.num_seqs):
-        bounds = layout.seq_bounds(seq)
-        counts = pair_counts(spec.kv_ranges(seq), bounds)
-        qi, ki = np.nonzero(counts)
-        base = layout.seq_tb_ptr[seq]
-        q_parts.append(qi + base)
-        k_parts.append(ki + base)
-        c_parts.append(counts[qi, ki])
-    q_tb = np.concatenate(q_parts).astype(np.int32)
-    kv_tb = np.concatenate(k_parts).astype(np.int32)
-    unmasked = np.concatenate(c_parts)
-    if q_tb.size == 0:
-        raise nothing_to_attend()
-    full = unmasked == layout.tb_len[q_tb].astype(np.int64) * layout.tb_len[kv_tb]
-    nhb = layout.n_head_blocks
-    # expand over head blocks: tile id = (pair index) * nhb + hb keeps (q block, hb, kv block) grouping
-    # per q block because pairs are sorted by q block already
-    order = np.lexsort((kv_tb, q_tb))
-    q_tb, kv_tb, unmasked, full = q_tb[order], kv_tb[order], unmasked[order], full[order]
-    n_pairs = q_tb.size
-    hb = np.tile(np.arange(nhb, dtype=np.int32), n_pairs)
-    rep = lambda a: np.repeat(a, nhb)  # noqa: E731
-    q_rep, kv_rep, um_rep, full_rep = rep(q_tb), rep(kv_tb), rep(unmasked), rep(full)
-    # regroup to (q block, head block, kv block) order
-    order = np.lexsort((kv_rep, hb, q_rep))
-    q_rep, kv_rep, hb, um_rep, full_rep = q_rep[order], kv_rep[order], hb[order], um_rep[order], full_rep[order]
-    return TileSet(q_rep, kv_rep, hb, um_rep, full_rep, *tile_flops(spec, layout, um_rep))

@@ -4,9 +4,9 @@ Resident: the attention inputs (and outputs, gradients) of a device's home token
 the whole step, whatever the plan; ``resident_tokens`` counts them.
 
 Transient: what a direction's ``Program`` makes a device hold beyond its home data, under the canonical
-stream of ``dcp.program`` (iteration r = 1 .. L, L = max(R, S): ``CommLaunch(r)``, ``Compute(r-1)``,
+stream of ``dcp.ir.program`` (iteration r = 1 .. L, L = max(R, S): ``CommLaunch(r)``, ``Compute(r-1)``,
 ``CommWait(r)``, the reduces of round r). ``transient_peak_bytes`` counts, per device and iteration r,
-the bytes of these buffers alive in r (one head block each, ``dcp.units.unit_bytes``), and returns the
+the bytes of these buffers alive in r (one head block each, ``dcp.layout.units.unit_bytes``), and returns the
 largest sum over r:
 
 - a received input (a transfer of ``INPUT_KINDS[direction]``, i.e. Q/KV forward, QG/KV backward, whose
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
-from dcp.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.ir.program import DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.layout.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, unit_bytes
 from dcp.setops import lookup
 from dcp.spec import BatchSpec
-from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Q_SIDE, unit_bytes
 
 
 def resident_tokens(plan) -> np.ndarray:

@@ -5,7 +5,7 @@ simulates every device's stream in lockstep, one instruction at a time, with set
 vectorized validator (``dcp.validate``) must accept exactly the plans this one accepts (the tests compare
 them on valid and broken plans). Not for large plans: it is linear in the plan but with a large constant.
 
-First the static checks (``dcp.validate_arrays``, shared with the fast validator): the layout covers the
+First the static checks (``dcp.ir.validate_arrays``, shared with the fast validator): the layout covers the
 batch, the tiles are exactly those the masks give, every field of the program tables is in range. Then
 every instruction's fields, and the lockstep simulation, per direction (forward, backward):
 - every tile runs exactly once, on its assigned device, after all its inputs are present there;
@@ -20,12 +20,16 @@ every instruction's fields, and the lockstep simulation, per direction (forward,
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dcp.plan import CommLaunch, CommWait, Compute, Plan, Reduce
-from dcp.units import INPUT_KINDS, OUTPUT_KINDS, Kind
-from dcp.validate_arrays import Problems, _first, check_arrays
+from dcp.ir.instructions import CommLaunch, CommWait, Compute, Reduce
+from dcp.ir.validate_arrays import Problems, _first, check_arrays
+from dcp.layout.units import INPUT_KINDS, OUTPUT_KINDS, Kind
+
+if TYPE_CHECKING:
+    from dcp.ir.plan import Plan
 
 _IN = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 _OUT = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))}  # (kind, 0: q side / 1: kv side)

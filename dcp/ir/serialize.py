@@ -6,7 +6,7 @@ arrays' raw little-endian bytes in header order, then a CRC32 of everything befo
 
 Arrays (``ARRAYS``): the block layout, the tiles, the placement, and per direction the columnar program
 (``forward.tile_stage``, ``forward.transfers`` ``[n, 6]``, ``forward.merges`` ``[m, 6]``, the same for
-``backward``; ``dcp.program``), written as they are in memory. Masks that travel as explicit KV ranges
+``backward``; ``dcp.ir.program``), written as they are in memory. Masks that travel as explicit KV ranges
 (``RangesMask``, and callables such as mask_mod masks, materialized per sequence) are not JSON: the
 header names them ``{"name": "ranges", "array": i}`` and their ranges ``[L, R, 2]`` follow as two arrays,
 ``mask{i}.runs`` and ``mask{i}.run_len``: the ranges' differences from one token to the next, with
@@ -16,7 +16,7 @@ token per token, so a 131,072-token mask of 31 ranges per token takes kilobytes 
 Plans of more than ``COMPRESS_ABOVE`` bytes (static baselines at hundreds of devices: 10^6 transfer rows)
 travel compressed: ``ZMAGIC``, the raw length (uint64), the zlib (level 1) stream of the bytes above, and
 a CRC32 of everything before it. Sorted row tables compress 5-9x; dcp's own plans (well under a MiB at
-1,024 devices) stay raw. ``plan_from_bytes`` reads both.
+1,024 devices) stay raw. ``plan_fields_from_bytes`` reads both.
 
 The planning time is not written: it measures the process that planned, not the plan, so the same
 inputs give the same bytes in every process (a plan read back has ``planning_time_s`` 0).
@@ -29,15 +29,18 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.errors import DcpError, SerializationError
-from dcp.plan import Plan
-from dcp.program import COLUMNS, Program
+from dcp.ir.program import COLUMNS, Program
+from dcp.layout.blocks import BlockLayout, TileSet
 from dcp.spec import BatchSpec
+
+if TYPE_CHECKING:  # Plan.to_bytes / Plan.from_bytes call this module; it does not need plan.py
+    from dcp.ir.plan import Plan
 
 MAGIC = b"DCPPLAN\0"
 ZMAGIC = b"DCPPLANZ"
@@ -51,7 +54,7 @@ ARRAYS = {"tb_seq": ("iu", 1), "tb_start": ("iu", 1), "tb_len": ("iu", 1), "seq_
           "fwd_flops": ("f", 1), "bwd_flops": ("f", 1), "home": ("iu", 1), "tile_device": ("iu", 1),
           **{f"{d}.{a}": ("iu", 1 if a == "tile_stage" else 2) for d in ("forward", "backward")
              for a in _PROGRAM_ARRAYS}}
-#: a grouped layout's arrays (``dcp.pieces``): all of them or none
+#: a grouped layout's arrays (``dcp.layout.pieces``): all of them or none
 GROUPED_ARRAYS = {"pieces.tb_seq": ("iu", 1), "pieces.tb_start": ("iu", 1), "pieces.tb_len": ("iu", 1),
                   "pieces.seq_tb_ptr": ("iu", 1), "piece_block": ("iu", 1), "sub_n": ("iu", 1),
                   "sub_wq": ("f", 1), "sub_wk": ("f", 1), "sub_wqk": ("f", 1)}
@@ -325,8 +328,8 @@ def _decompress(data: bytes) -> bytes:
     return raw
 
 
-def plan_from_bytes(data: bytes) -> Plan:
-    """Parse ``plan_to_bytes`` output. Raises ``SerializationError`` for anything that is not such bytes
+def plan_fields_from_bytes(data: bytes) -> dict:
+    """Parse ``plan_to_bytes`` output into ``Plan``'s constructor arguments (``Plan.from_bytes`` builds it). Raises ``SerializationError`` for anything that is not such bytes
     (corrupt, truncated, another version, or a well-checksummed but malformed header or array). The
     plan's semantics are checked by ``dcp.validate``, not here."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -371,5 +374,6 @@ def plan_from_bytes(data: bytes) -> Plan:
     tiles = TileSet(arrays["q_tb"], arrays["kv_tb"], arrays["hb"], arrays["unmasked"], arrays["full"],
                     arrays["fwd_flops"], arrays["bwd_flops"], **sub)
     fwd, bwd = (Program(d, *(arrays[f"{d}.{a}"] for a in _PROGRAM_ARRAYS)) for d in ("forward", "backward"))
-    return Plan(spec, cluster, layout, tiles, arrays["home"], arrays["tile_device"], fwd, bwd,
-                header["planner"], 0.0, tuple(header["notes"]), dict(header["meta"]))
+    return dict(spec=spec, cluster=cluster, layout=layout, tiles=tiles, home=arrays["home"],
+                tile_device=arrays["tile_device"], forward=fwd, backward=bwd, planner=header["planner"],
+                planning_time_s=0.0, notes=tuple(header["notes"]), meta=dict(header["meta"]))

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.errors import PartitionerError
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.layout.units import Kind, bytes_per_token
 from dcp.partition import WORKER, GreedyPartitioner, Hypergraph, Partitioner, run_partitioner, scale_to_int32
 from dcp.spec import BatchSpec
-from dcp.units import Kind, bytes_per_token
 
 
 @dataclass(frozen=True, eq=False)

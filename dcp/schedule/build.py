@@ -1,6 +1,6 @@
-"""Turn a placement's stages and routes into a columnar ``Program`` (``dcp.program``).
+"""Turn a placement's stages and routes into a columnar ``Program`` (``dcp.ir.program``).
 
-Route rows (``dcp.schedule.ROUTE_COLUMNS``: side, tb, hb, src, dst, round) name the side of a unit (0:
+Route rows (``dcp.schedule.stages.ROUTE_COLUMNS``: side, tb, hb, src, dst, round) name the side of a unit (0:
 q side, 1: kv side); the program names its kind, which depends on the direction: inputs are Q/KV
 forward and QG/KV backward, partial outputs O forward (q side only) and DQ/DKV backward. Every partial a
 device receives is merged right after the wait of the round it arrives in, so each output route is one
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcp.program import MERGE_ORDER, TRANSFER_ORDER, Program, sort_rows, unit_rows
-from dcp.schedule import Routes
-from dcp.units import Kind
+from dcp.ir.program import MERGE_ORDER, TRANSFER_ORDER, Program, sort_rows, unit_rows
+from dcp.layout.units import Kind
+from dcp.schedule.stages import Routes
 
 IN_KIND = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 OUT_KIND = {"forward": (Kind.O, -1), "backward": (Kind.DQ, Kind.DKV)}  # -1: the forward has no kv-side output

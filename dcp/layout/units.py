@@ -9,7 +9,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from dcp.blocks import BlockLayout
+from dcp.layout.blocks import BlockLayout
 from dcp.spec import BatchSpec
 
 LSE_BYTES = 4  # lse and delta travel in fp32

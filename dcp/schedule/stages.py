@@ -1,6 +1,6 @@
 """Stages and routes: when each tile runs and how every remote unit travels, per direction.
 
-Programs run in lockstep rounds (``dcp.build``): round r's transfers are posted before stage r−1
+Programs run in lockstep rounds (``dcp.schedule.build``): round r's transfers are posted before stage r−1
 computes and waited for after it, so they hide behind that stage. A plan's forward and backward each get
 their own schedule: the backward moves bigger q-side units and computes 3.3× longer per tile, so its
 best rounds differ.
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
-from dcp.rounds import input_rounds
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.layout.units import Kind, bytes_per_token
+from dcp.schedule.rounds import input_rounds
 from dcp.spec import BatchSpec
-from dcp.units import Kind, bytes_per_token
 
 ROUTE_COLUMNS = ("side", "tb", "hb", "src", "dst", "round")  # side 0: q side, 1: kv side
 IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}

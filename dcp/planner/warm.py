@@ -4,9 +4,9 @@ Every static baseline (ring, zigzag, TransformerEngine a2a+p2p, LoongTrain, Mega
 placement in dcp's IR: a block layout, the home of every token block, the device of every tile. dcp's
 search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule first, and
 when it is among the fastest candidates, dcp's schedules at every stage count of the search compete with
-it per direction (``dcp.candidates.evaluate``, ``widen``), and a chosen
+it per direction (``dcp.planner.candidates.evaluate``, ``widen``), and a chosen
 warm start is refined like a packing (whole sequences moved off the device estimated to finish last,
-``dcp.refine``). So dcp's estimated time is never above the best of the static plans it starts from —
+``dcp.planner.refine``). So dcp's estimated time is never above the best of the static plans it starts from —
 within the memory budget, which is applied to every candidate alike.
 
 A warm start is skipped when its planner estimates more than ``SearchConfig.warm_start_max_tiles`` tiles
@@ -19,19 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcp.candidates import Candidate, evaluate, same_placement
 from dcp.cluster import Cluster
 from dcp.errors import DcpError
+from dcp.planner.candidates import Candidate, evaluate, same_placement
 from dcp.spec import BatchSpec
-
-
-def default_warm_planners() -> tuple:
-    """One instance of every static baseline, per-sequence blocks (the search's warm starts)."""
-    from dcp.baselines import (LoongTrainPlanner, MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner,
-                               ZigzagPlanner)
-
-    return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
-            LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
 
 
 def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase: bool, max_tiles: int,
@@ -94,7 +85,7 @@ def _same_plan(a, b) -> bool:
 
 
 def sequence_groups(cand: Candidate) -> tuple[tuple[int, ...], ...]:
-    """The devices homing each sequence's token blocks (one device: a whole sequence ``dcp.refine`` may
+    """The devices homing each sequence's token blocks (one device: a whole sequence ``dcp.planner.refine`` may
     move)."""
     ptr = cand.layout.seq_tb_ptr
     return tuple(tuple(np.unique(cand.home[ptr[s]:ptr[s + 1]]).tolist()) for s in range(ptr.size - 1))

@@ -2,7 +2,7 @@
 
 The planner compares many candidate placements and schedules; the discrete-event simulator
 (``dcp.sim.simulate``, ~0.1 s per direction) is too slow for that, so this estimate follows the same
-program structure (``dcp.build``: per round r, launch r, compute stage r−1, wait r, merge what arrived)
+program structure (``dcp.schedule.build``: per round r, launch r, compute stage r−1, wait r, merge what arrived)
 and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`` per merge, the
 backward's delta first), vectorized over devices round by round. Only the network is simplified: a
 round's flows (coalesced per sender and receiver, as the simulator does) all start at the later of their
@@ -13,14 +13,18 @@ its absolute error is a few percent on typical plans.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
-from dcp.schedule import Schedule
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.layout.units import LSE_BYTES, Kind, bytes_per_token
 from dcp.spec import BatchSpec
-from dcp.units import LSE_BYTES, Kind, bytes_per_token
+
+if TYPE_CHECKING:  # the schedule stands on this estimate's cost model, not the other way
+    from dcp.schedule.stages import Schedule
 
 _OUT_KINDS = {"forward": (Kind.O, None), "backward": (Kind.DQ, Kind.DKV)}
 _IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet, enumerate_tiles, make_layout, uniform_cuts
 from dcp.cluster import Cluster
+from dcp.layout.blocks import BlockLayout, TileSet, make_layout, uniform_cuts
+from dcp.layout.tiles import enumerate_tiles
 from dcp.spec import BatchSpec
 
 MIN_SPLIT_BLOCK = 256

@@ -1,4 +1,4 @@
-"""A grouped plan (``dcp.pieces``) as the equivalent plan over its pieces, which executors run.
+"""A grouped plan (``dcp.layout.pieces``) as the equivalent plan over its pieces, which executors run.
 
 Every grouped unit (kind, block, head block) stands for one unit per piece of the block, all moved and
 merged together, so the expansion is a row expansion: each tile of a grouped tile's pieces keeps its
@@ -16,11 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 from dcp import setops
-from dcp.blocks import enumerate_tiles
 from dcp.errors import InvalidConfigError
-from dcp.plan import Plan
-from dcp.program import HB, KIND, MERGE_ORDER, ROUND, SRC, TB, TRANSFER_ORDER, DST, Program, sort_rows
-from dcp.units import OUTPUT_KINDS, Kind
+from dcp.ir.plan import Plan
+from dcp.ir.program import DST, HB, KIND, MERGE_ORDER, ROUND, SRC, TB, TRANSFER_ORDER, Program, sort_rows
+from dcp.layout.tiles import enumerate_tiles
+from dcp.layout.units import OUTPUT_KINDS, Kind
 
 
 def expand_pieces(plan: Plan) -> Plan:

@@ -9,7 +9,7 @@ with ``pieces`` set) are groups of pieces -- contiguous per-sequence blocks of a
 (``pieces``) -- all homed on one device; a tile is a (q block, kv block, head block) triple of the
 grouped blocks whose pieces share at least one attended pair, and its ``unmasked`` count is the sum over
 sequences. Planners, the validator, the serializer and the simulator read grouped plans as they are; an
-executor runs the equivalent plan over the pieces (``dcp.expand``).
+executor runs the equivalent plan over the pieces (``dcp.ir.expand``).
 
 Grouped tiles carry, for the cost model, how many sequences take part (``sub_n``) and three moments of
 their pairs: with p_s the attended pairs of sequence s in the tile and q_s / k_s its tokens in the q / kv
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.blocks import BlockLayout, TileSet, nothing_to_attend, pair_counts, tile_flops
 from dcp.errors import InvalidConfigError
+from dcp.layout.blocks import BlockLayout, TileSet, nothing_to_attend, pair_counts, tile_flops
 from dcp.spec import BatchSpec
 
 try:  # the C++ counts, when the extension is built
@@ -89,7 +89,7 @@ def group_layout(pieces, piece_block: np.ndarray):
 
 
 def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarray) -> GroupedCounts:
-    """``GroupedCounts`` sequence by sequence: ``dcp.blocks.pair_counts`` between the pieces of each
+    """``GroupedCounts`` sequence by sequence: ``dcp.layout.blocks.pair_counts`` between the pieces of each
     sequence, folded onto their blocks. Defines the semantics of the native path."""
     pb, n = check_grouping(pieces, piece_block)
     keys, cols, moments = [], [], []

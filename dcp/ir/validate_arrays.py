@@ -1,32 +1,37 @@
 """The static half of the validator: a plan's arrays and program tables, checked against its batch.
 
 What it proves (``check_arrays``, with ``check_columns`` per direction), before the dynamic checks of
-``dcp.validate`` (and of its reference, ``dcp.validate_reference``) run:
+``dcp.validate`` (and of its reference, ``dcp.ir.validate_reference``) run:
 - every array has the right type, dtype kind and length;
 - the block layout covers the batch: token blocks tile the packed rows contiguously in order, each
   inside one sequence (``tb_seq`` / ``tb_start`` / ``tb_len`` / ``seq_tb_ptr`` agree with the spec's
   lengths), and the head blocking is the one ``num_heads`` / ``num_kv_heads`` give;
-- the tiles are exactly the batch's: ``dcp.blocks.enumerate_tiles`` on the plan's layout recomputes,
+- the tiles are exactly the batch's: ``dcp.layout.tiles.enumerate_tiles`` on the plan's layout recomputes,
   from the spec's masks, which (q block, kv block, head block) triples hold unmasked pairs, how many
   (``unmasked``), which are fully unmasked (``full``, which lets kernels skip masking) and their FLOPs;
   the plan's tile arrays must equal them. So a plan cannot compute a pair the masks exclude, skip one
   they include, or mask a tile it calls full;
-- each direction's program (``dcp.program.Program``) has the right shape: ``tile_stage`` one stage >= 0
+- each direction's program (``dcp.ir.program.Program``) has the right shape: ``tile_stage`` one stage >= 0
   per tile, ``transfers`` and ``merges`` int ``[n, 6]`` tables whose every field is in range (units of
   the direction's kinds, merges of its output kinds only, token and head blocks of the layout, devices of
   the cluster, a peer other than the device itself, rounds from 1 to ``MAX_ROUND``).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from dcp.blocks import enumerate_tiles, head_blocking
 from dcp.cluster import Cluster
 from dcp.errors import DcpError, PlanValidationError
-from dcp.plan import Plan
-from dcp.program import COLUMNS, DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.ir.program import COLUMNS, DST, HB, KIND, ROUND, SRC, TB, Program
+from dcp.layout.blocks import head_blocking
+from dcp.layout.tiles import enumerate_tiles
+from dcp.layout.units import INPUT_KINDS, OUTPUT_KINDS
 from dcp.spec import BatchSpec
-from dcp.units import INPUT_KINDS, OUTPUT_KINDS
+
+if TYPE_CHECKING:
+    from dcp.ir.plan import Plan
 
 #: rounds and stages beyond this are refused: every device steps through each of them
 MAX_ROUND = 1 << 24
@@ -113,7 +118,7 @@ def check_columns(plan: Plan, direction: str, pb) -> None:
     prog = getattr(plan, direction)
     if not isinstance(prog, Program) or prog.direction != direction:
         got = f"a {prog.direction} Program" if isinstance(prog, Program) else type(prog).__name__
-        pb.add(f"plan.{direction} must be the {direction} dcp.program.Program, got {got}")
+        pb.add(f"plan.{direction} must be the {direction} dcp.ir.program.Program, got {got}")
         return
     n_dev, n_tb, nhb = plan.n_devices, plan.layout.n_token_blocks, plan.layout.n_head_blocks
     if not (_vector(pb, f"{direction} tile_stage", prog.tile_stage, "iu", plan.tiles.n_tiles)
@@ -147,10 +152,10 @@ def _check_layout(plan: Plan, pb) -> None:
 
 
 def _check_grouped_layout(spec, lay, pb) -> None:
-    """A grouped layout (``dcp.pieces``): its pieces are an ordinary layout of the batch, every piece is in
+    """A grouped layout (``dcp.layout.pieces``): its pieces are an ordinary layout of the batch, every piece is in
     one block, and the block arrays are the ones ``group_layout`` derives from them."""
-    from dcp.blocks import BlockLayout
-    from dcp.pieces import group_layout
+    from dcp.layout.blocks import BlockLayout
+    from dcp.layout.pieces import group_layout
 
     if not isinstance(lay.pieces, BlockLayout) or lay.pieces.grouped:
         pb.add(f"the pieces of a grouped layout must be an ordinary BlockLayout, got {type(lay.pieces).__name__}")

@@ -1,8 +1,8 @@
 """The plan validator: proves that a plan computes its batch's attention, and runs without deadlock.
 
-First the static checks (``dcp.validate_arrays``): the layout covers the batch, the tiles are exactly
+First the static checks (``dcp.ir.validate_arrays``): the layout covers the batch, the tiles are exactly
 those the masks give (which pairs, which masked area, which are full), every field of the program tables
-is in range. Then, per direction, the program's tables (``dcp.program``) are checked with sorts,
+is in range. Then, per direction, the program's tables (``dcp.ir.program``) are checked with sorts,
 group-bys and searches, so validation is linear in the plan (up to the sorts' log factor):
 
 - every tile runs exactly once, on its assigned device: by construction (one stage per tile);
@@ -19,20 +19,24 @@ group-bys and searches, so validation is linear in the plan (up to the sorts' lo
   tile adds to ends at that unit's home. Each accumulator sends at most once, so the sends form a forest
   whose roots hold everything sent into them: each home ends up with every tile of its output units,
   each once, and no partial is left on another device;
-- no dependency cycle (deadlock): by construction, as ``dcp.program`` proves for the canonical streams.
+- no dependency cycle (deadlock): by construction, as ``dcp.ir.program`` proves for the canonical streams.
 
-``dcp.validate_reference`` checks the same properties by simulating the instruction view one instruction
+``dcp.ir.validate_reference`` checks the same properties by simulating the instruction view one instruction
 at a time; tests demand both give the same verdict.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from dcp import setops
-from dcp.plan import Plan
-from dcp.program import DST, HB, KIND, ROUND, SRC, TB
-from dcp.units import INPUT_KINDS, Kind
-from dcp.validate_arrays import Problems, _first, check_arrays
+from dcp.ir.program import DST, HB, KIND, ROUND, SRC, TB
+from dcp.ir.validate_arrays import Problems, _first, check_arrays
+from dcp.layout.units import INPUT_KINDS, Kind
+
+if TYPE_CHECKING:
+    from dcp.ir.plan import Plan
 
 _N_KINDS = len(Kind)
 _NEVER = np.iinfo(np.int64).max

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcp.candidates import Candidate, evaluate
 from dcp.cluster import Cluster
 from dcp.cost import CostModel
+from dcp.planner.candidates import Candidate, evaluate
 from dcp.spec import BatchSpec
 
 

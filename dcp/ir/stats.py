@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dcp.plan import Plan
-from dcp.program import DST, KIND, ROUND, SRC, TB
-from dcp.units import unit_bytes
+from dcp.ir.program import DST, KIND, ROUND, SRC, TB
+from dcp.layout.units import unit_bytes
+
+if TYPE_CHECKING:
+    from dcp.ir.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,7 @@ class PlanStats:
     ``max_device_comm_bytes``: the largest bytes sent plus received by one device;
     ``compute_imbalance``: max / mean of forward tile FLOPs per device (backward FLOPs are 2.5× per tile,
     the same ratio); ``memory_imbalance``: max / mean resident (home) tokens per device; ``warnings``:
-    what a user should know before running the plan (e.g. idle devices). Memory (``dcp.memory``):
+    what a user should know before running the plan (e.g. idle devices). Memory (``dcp.ir.memory``):
     ``max_resident_tokens``/``mean_resident_tokens``: home tokens per device; ``peak_transient_bytes_<dir>``:
     the largest over devices of a direction's peak transient buffer bytes (received inputs, accumulators
     of units homed elsewhere, received partials); the ``*_per_device`` tuples hold every device's value.
@@ -60,8 +63,8 @@ def transfer_table(plan: Plan, direction: str) -> np.ndarray:
 
 def plan_stats(plan: Plan) -> PlanStats:
     from dcp.errors import PlanValidationError
-    from dcp.memory import memory_report
-    from dcp.validate import validate
+    from dcp.ir.memory import memory_report
+    from dcp.ir.validate import validate
 
     n = plan.n_devices
     gpn = plan.cluster.gpus_per_node

@@ -1,0 +1,86 @@
+"""The planner interface, and a placement plus its schedule assembled into a validated ``Plan``.
+
+Every planner — dcp's (``dcp.planner``) and the static baselines (``dcp.baselines``) — is a ``Planner``:
+``plan(spec, cluster) -> Plan``. A static planner also exposes its ``StaticParts`` (placement and own
+schedule before programs are built), which dcp's search takes as warm starts. ``assemble`` builds both
+directions' programs (``dcp.schedule.build``), validates and stamps the planning time.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from dcp.cluster import Cluster
+from dcp.errors import InvalidBatchError, InvalidClusterError
+from dcp.ir.plan import Plan
+from dcp.ir.validate import validate
+from dcp.layout.blocks import BlockLayout, TileSet
+from dcp.schedule.build import build_program
+from dcp.schedule.stages import Routes, Schedule
+from dcp.spec import BatchSpec
+
+
+class StaticParts(NamedTuple):
+    """A static planner's placement and its own schedule, before programs are built (what ``assemble``
+    takes; dcp's search starts from it, ``dcp.planner.warm``)."""
+
+    layout: BlockLayout
+    tiles: TileSet
+    home: np.ndarray
+    tile_device: np.ndarray
+    tile_stage: np.ndarray
+    routes: Routes
+    notes: tuple[str, ...] = ()
+
+
+class Planner(abc.ABC):
+    name: str = "planner"
+
+    @abc.abstractmethod
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        """A validated plan for this batch on this cluster."""
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
+        """The placement and schedule of a static planner (``NotImplementedError`` for search planners)."""
+        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
+
+    def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
+        """About how many tiles ``static_parts`` gives (causal masks: an upper bound), without building
+        them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
+        raise NotImplementedError(f"{type(self).__name__} is not a static planner")
+
+
+def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
+             tile_device: np.ndarray, tile_stage: np.ndarray, routes: Routes, planner: str, started: float,
+             notes: tuple[str, ...] = (), check: bool = True, backward: Schedule | None = None) -> Plan:
+    """Build both programs, validate, and stamp the planning time (spec → validated plans).
+
+    ``tile_stage``/``routes`` schedule the forward, and the backward too unless ``backward`` gives it
+    its own schedule."""
+    bwd_stage, bwd_routes = (tile_stage, routes) if backward is None else (backward.tile_stage, backward.routes)
+    plan = Plan(spec, cluster, layout, tiles, np.asarray(home, dtype=np.int32),
+                np.asarray(tile_device, dtype=np.int32), build_program("forward", tile_stage, routes),
+                build_program("backward", bwd_stage, bwd_routes), planner, 0.0, tuple(notes))
+    meta = {}
+    if check:
+        validate(plan)
+        meta["valid"] = True
+    return dataclasses.replace(plan, planning_time_s=time.perf_counter() - started, meta=meta)
+
+
+def assemble_static(spec: BatchSpec, cluster: Cluster, parts: StaticParts, planner: str, started: float) -> Plan:
+    """``assemble`` for a static planner's parts (its own schedule in both directions, its notes)."""
+    return assemble(spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, parts.tile_stage,
+                    parts.routes, planner, started, parts.notes)
+
+
+def check_inputs(spec: BatchSpec, cluster: Cluster) -> None:
+    """Named errors for a planner called with something other than a batch and a cluster."""
+    if not isinstance(spec, BatchSpec):
+        raise InvalidBatchError(f"expected a dcp.BatchSpec, got {type(spec).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise InvalidClusterError(f"expected a dcp.Cluster, got {type(cluster).__name__}")
