@@ -360,3 +360,59 @@ def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | Non
     ring = ring_of_blocks(layout, home, ring_base, ring_size)
     tile_stage, routes = relay_schedule(layout, tiles, home, tile_device, *ring)
     return layout, tiles, home, tile_device, tile_stage, routes
+
+
+def direct_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
+                    q_round: np.ndarray | int, kv_round: np.ndarray | int,
+                    extra_inputs: np.ndarray | None = None) -> tuple[np.ndarray, Routes]:
+    """Tile stages and routes of a plan whose inputs travel straight from their home to every device that
+    runs a tile on them (all-to-all, all-gather, multicast: no relays), and whose partial outputs go
+    straight home (reverse all-to-all, reduce-scatter).
+
+    ``q_round``/``kv_round``: per tile (or one int for all), the round by which the tile's q-side/kv-side
+    input must be on its device when it is not home there (>= 1). A (unit, device) pair is delivered once,
+    in the earliest round any of its tiles asks; a tile runs in the stage its last input arrives (0 when
+    both are home). ``extra_inputs``: int64 ``[n, 4]`` rows (side, tb, hb, dst) delivered in round 1
+    although no tile there needs them (an all-gather sends every unit everywhere). A partial leaves its
+    device for home two rounds after the unit's last tile there ran (``dcp.schedule.build``'s rule).
+    Returns (int64 tile stage per tile, ``Routes``)."""
+    nhb = layout.n_head_blocks
+    home = np.asarray(home, dtype=np.int64)
+    dev = np.asarray(tile_device, dtype=np.int64)
+    n = tiles.n_tiles
+    hb = tiles.hb.astype(np.int64)
+    sides = ((0, tiles.q_tb.astype(np.int64), np.broadcast_to(np.asarray(q_round, dtype=np.int64), (n,))),
+             (1, tiles.kv_tb.astype(np.int64), np.broadcast_to(np.asarray(kv_round, dtype=np.int64), (n,))))
+    width = int(dev.max(initial=0)) + 1
+    arrival = np.zeros((2, n), dtype=np.int64)
+    inputs, keys = [], []
+    for side, tb, want in sides:
+        remote = home[tb] != dev
+        if (want[remote] < 1).any():
+            raise ValueError("a remote input must arrive in round 1 or later")
+        key = ((tb * nhb + hb) * width + dev)[remote]
+        uniq, inv = np.unique(key, return_inverse=True)
+        first = np.full(uniq.size, np.iinfo(np.int64).max)
+        np.minimum.at(first, inv, want[remote])
+        arrival[side, remote] = first[inv]
+        unit, dst = uniq // width, uniq % width
+        inputs.append(np.stack([np.full_like(unit, side), unit // nhb, unit % nhb, home[unit // nhb], dst, first], 1))
+        keys.append(side * (1 << 62) + uniq)
+    tile_stage = arrival.max(axis=0)
+    if extra_inputs is not None and len(extra_inputs):
+        ex = np.asarray(extra_inputs, dtype=np.int64).reshape(-1, 4)
+        ex = ex[home[ex[:, 1]] != ex[:, 3]]
+        ex_key = ex[:, 0] * (1 << 62) + (ex[:, 1] * nhb + ex[:, 2]) * width + ex[:, 3]
+        ex = ex[~np.isin(ex_key, np.concatenate(keys))]
+        ex = np.unique(ex, axis=0)
+        inputs.append(np.stack([ex[:, 0], ex[:, 1], ex[:, 2], home[ex[:, 1]], ex[:, 3], np.ones(len(ex), np.int64)], 1))
+    outputs = []
+    for side, tb, _ in sides:
+        away = home[tb] != dev
+        key = ((tb * nhb + hb) * width + dev)[away]
+        uniq, inv = np.unique(key, return_inverse=True)
+        last = np.full(uniq.size, -1, dtype=np.int64)
+        np.maximum.at(last, inv, tile_stage[away])
+        unit, src = uniq // width, uniq % width
+        outputs.append(np.stack([np.full_like(unit, side), unit // nhb, unit % nhb, src, home[unit // nhb], last + 2], 1))
+    return tile_stage, Routes(np.concatenate(inputs).reshape(-1, 6), np.concatenate(outputs).reshape(-1, 6))

@@ -53,6 +53,17 @@ class Planner(abc.ABC):
         them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
         raise NotImplementedError(f"{type(self).__name__} is not a static planner")
 
+    def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple["Planner", ...]:
+        """The knob settings a tuned comparison tries for this batch and cluster, as planners (default:
+        this planner as it is; planners with knobs state their grid in their docstring)."""
+        return (self,)
+
+    def knobs(self) -> dict:
+        """This planner's knob values (its dataclass fields), for tables and plan metadata."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
 
 def assemble(spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, tile_stage: np.ndarray, routes: Routes, planner: str, started: float,
