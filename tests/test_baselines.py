@@ -86,7 +86,7 @@ def check_plan(planner, plan, spec, cluster):
             tok = _seq_tokens_per_device(plan, seq)
             assert tok[:base].sum() == 0 and tok[base + cp:].sum() == 0
     if isinstance(planner, TEA2AP2PPlanner) and not plan.notes:
-        g = cluster.gpus_per_node
+        g = plan.meta.get("head_parallel", cluster.gpus_per_node)  # the all-to-all group size
         want = plan.home[plan.tiles.q_tb] // g * g + plan.tiles.hb % g
         assert (plan.tile_device == want).all()
     return s
@@ -183,15 +183,55 @@ def test_megatron_cp_sizes():
 
 def test_megatron_short_sequences_need_no_communication():
     spec = _spec([10, 20, 7], CausalMask())
-    plan = MegatronDynCPPlanner(max_seqlen_per_rank=64).plan(spec, Cluster(1, 4))
+    plan = MegatronDynCPPlanner(max_seqlen_per_rank=64, version="2026.01").plan(spec, Cluster(1, 4))
     assert plan.meta["cp_size"] == [1, 1, 1] and plan.stats().comm_bytes_total == 0
     assert sorted(plan.meta["cp_base"]) == [0, 1, 2]  # spread over the least loaded devices
+
+
+def test_megatron_dev_widens_a_group_when_it_lowers_the_maximum_load():
+    # 1000² / 4 per device at the minimum group (4) is far above the balanced load: the dev scheduler
+    # spreads the sequence over all 8 devices; the January release keeps 4 and leaves 2 devices idle
+    spec = _spec([1000, 50, 40], CausalMask())
+    old = MegatronDynCPPlanner(max_seqlen_per_rank=300, version="2026.01").plan(spec, Cluster(2, 4))
+    new = MegatronDynCPPlanner(max_seqlen_per_rank=300).plan(spec, Cluster(2, 4))
+    check_plan(MegatronDynCPPlanner(), new, spec, Cluster(2, 4))
+    assert new.meta["cp_size"][0] == 8 and new.meta["version"] == "dev"
+    load = lambda plan: max(n * n / cp for n, cp in zip(spec.seqlens, plan.meta["cp_size"]))  # noqa: E731
+    assert load(new) < load(old)
+
+
+def test_megatron_dev_fills_empty_devices():
+    # three one-device sequences on 4 devices leave device 3 idle; fill_empty_gpus doubles the heaviest
+    # sequence whose buddy group is empty (the one on device 2: device 3 is its buddy)
+    from dcp.baselines.megatron_dyncp import _fill_empty
+
+    lens = np.array([64, 60, 56])
+    base, cps = np.array([0, 1, 2]), np.array([1, 1, 1])
+    load, tokens = np.array([64.0**2, 60.0**2, 56.0**2, 0]), np.array([64.0, 60, 56, 0])
+    _fill_empty(lens, base, cps, load, tokens, cap=4)
+    assert cps.tolist() == [1, 1, 2] and base.tolist() == [0, 1, 2] and (tokens > 0).all()
+    assert tokens.tolist() == [64, 60, 28, 28]
+    # and in a plan: the dev scheduler leaves no device idle where the January release does
+    spec = _spec([64, 60, 56], CausalMask())
+    old = MegatronDynCPPlanner(max_seqlen_per_rank=64, version="2026.01").plan(spec, Cluster(1, 4))
+    new = MegatronDynCPPlanner(max_seqlen_per_rank=64).plan(spec, Cluster(1, 4))
+    held = lambda plan: np.bincount(plan.home, weights=plan.layout.tb_len, minlength=4)  # noqa: E731
+    assert (held(old) == 0).sum() == 1 and (held(new) > 0).all()
+
+
+def test_megatron_tuning_grid():
+    spec = _spec([3000, 1000, 500], CausalMask())
+    grid = MegatronDynCPPlanner().tuning_grid(spec, Cluster(1, 4))
+    assert {p.version for p in grid} == {"dev", "2026.01"}
+    assert all(p.max_seqlen_per_rank is None or p.max_seqlen_per_rank >= 1125 for p in grid)
+    with pytest.raises(InvalidConfigError, match="version"):
+        MegatronDynCPPlanner(version="2025")
 
 
 def test_megatron_long_sequence_gets_power_of_two_group():
     spec = _spec([1000, 50, 40], CausalMask())
     cluster = Cluster(2, 4)
-    plan = MegatronDynCPPlanner(max_seqlen_per_rank=300).plan(spec, cluster)
+    plan = MegatronDynCPPlanner(max_seqlen_per_rank=300, version="2026.01").plan(spec, cluster)
     check_plan(MegatronDynCPPlanner(), plan, spec, cluster)
     assert plan.meta["cp_size"] == [4, 1, 1]
     base = plan.meta["cp_base"][0]
@@ -266,3 +306,28 @@ def test_dkv_trees_match_their_reference(planner, cluster, monkeypatch):
             np.testing.assert_array_equal(a.tile_stage, b.tile_stage)
             np.testing.assert_array_equal(a.transfers, b.transfers)
             np.testing.assert_array_equal(a.merges, b.merges)
+
+
+@pytest.mark.parametrize("planner", [TEA2AP2PPlanner(), LoongTrainPlanner(), MegatronDynCPPlanner()], ids=lambda p: p.name)
+def test_every_tuning_grid_point_plans_validly(planner):
+    spec = _spec([300, 120, 57, 9], CausalMask())
+    cluster = Cluster(2, 4)
+    grid = planner.tuning_grid(spec, cluster)
+    assert len(grid) >= 2 and len({repr(p) for p in grid}) == len(grid)
+    for p in grid:
+        plan = p.plan(spec, cluster)
+        check_plan(p, plan, spec, cluster)
+        for key, value in p.knobs().items():
+            if key in plan.meta and value is not None:
+                assert plan.meta[key] == value
+
+
+def test_te_head_parallel_knob():
+    spec = _spec([64, 40], CausalMask())
+    plan = TEA2AP2PPlanner(head_parallel=2).plan(spec, Cluster(2, 4))
+    assert plan.meta["head_parallel"] == 2
+    assert (plan.tile_device % 2 == plan.tiles.hb % 2).all()  # head block h runs on GPU h mod 2 of its group
+    with pytest.raises(InvalidConfigError, match="head_parallel=3"):
+        TEA2AP2PPlanner(head_parallel=3).plan(spec, Cluster(2, 4))
+    with pytest.raises(InvalidConfigError):
+        TEA2AP2PPlanner(head_parallel=0)

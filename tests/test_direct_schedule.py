@@ -83,3 +83,25 @@ def test_remote_input_in_round_zero_is_refused():
     spec = dcp.BatchSpec([16], CausalMask(), 2, 2, 8)
     with pytest.raises(ValueError, match="round 1 or later"):
         _plan(spec, dcp.Cluster(1, 2), False, 0, False)
+
+
+def test_all_gather_reaches_a_device_that_runs_no_tiles():
+    """A device that computes nothing still receives the all-gather (its (unit, device) keys must not
+    collide with another unit's delivery to a lower device)."""
+    spec = dcp.BatchSpec([16, 8], CausalMask(), 2, 2, 8)
+    layout_builder = BlockBuilder(spec)
+    layout_builder.add(np.array([0, 8]), np.array([0, 1]))
+    layout_builder.add(np.array([0]), np.array([1]))
+    layout = layout_builder.layout(None)
+    home = layout_builder.arrays()[0]
+    tiles = enumerate_tiles(spec, layout)
+    tile_device = home[tiles.q_tb].copy()
+    tile_device[(tiles.q_tb == 1) & (tiles.kv_tb == 1)] = 0  # KV of block 1 must reach device 0
+    units = np.arange(layout.n_token_blocks * layout.n_head_blocks)
+    ex = np.array([[1, u // layout.n_head_blocks, u % layout.n_head_blocks, d] for d in range(3) for u in units])
+    _, routes = direct_schedule(layout, tiles, home, tile_device, 1, 1, extra_inputs=ex)
+    kv = routes.inputs[routes.inputs[:, 0] == 1]
+    sent = {(int(tb), int(hb), int(dst)) for tb, hb, dst in kv[:, [1, 2, 4]]}
+    want = {(int(u // layout.n_head_blocks), int(u % layout.n_head_blocks), d) for d in range(3) for u in units
+            if home[u // layout.n_head_blocks] != d}
+    assert sent == want

@@ -383,7 +383,9 @@ def direct_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_
     hb = tiles.hb.astype(np.int64)
     sides = ((0, tiles.q_tb.astype(np.int64), np.broadcast_to(np.asarray(q_round, dtype=np.int64), (n,))),
              (1, tiles.kv_tb.astype(np.int64), np.broadcast_to(np.asarray(kv_round, dtype=np.int64), (n,))))
-    width = int(dev.max(initial=0)) + 1
+    ex_dst = int(np.asarray(extra_inputs).reshape(-1, 4)[:, 3].max(initial=0)) if extra_inputs is not None else 0
+    # keys (unit, device) need a width above every device that appears (homes and all-gather receivers too)
+    width = max(int(dev.max(initial=0)), int(home.max(initial=0)), ex_dst) + 1
     arrival = np.zeros((2, n), dtype=np.int64)
     inputs, keys = [], []
     for side, tb, want in sides:

@@ -38,7 +38,8 @@ class LoongTrainPlanner(Planner):
     ``head_parallel``: devices per all-to-all group (None: the largest divisor of gpus_per_node that is
     at most half of it and that the heads allow, so a node holds several context ranks and the double
     ring is exercised); ``inner_ring``: context ranks per inner ring (None: the ranks of one node);
-    ``shards``: as ``RingPlanner``'s."""
+    ``shards``: as ``RingPlanner``'s. Tuning grid: every ``head_parallel`` dividing the GPUs per node that
+    the heads allow, each with inner rings of 1, the context ranks of one node, and all context ranks."""
 
     head_parallel: int | None = None
     inner_ring: int | None = None
@@ -69,10 +70,25 @@ class LoongTrainPlanner(Planner):
             raise InvalidConfigError(f"inner_ring={inner} must divide the {cp} context ranks")
         return hp, inner
 
+    def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple[Planner, ...]:
+        p, g = cluster.n_devices, cluster.gpus_per_node
+        out = []
+        for hp in range(1, g + 1):
+            if g % hp or p % hp or (hp > 1 and a2a_head_block_size(spec, hp) is None):
+                continue
+            cp = p // hp
+            for inner in sorted({1, max(g // hp, 1), cp}):
+                if cp % inner == 0:
+                    out.append(LoongTrainPlanner(hp, inner, self.shards))
+        return tuple(out)
+
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
-        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+        plan = assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+        hp, inner = self.degrees(spec, cluster)
+        plan.meta.update(head_parallel=hp, inner_ring=inner)
+        return plan
 
     def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         hp, inner = self.degrees(spec, cluster)

@@ -82,33 +82,58 @@ def hierarchical_parts(spec: BatchSpec, n_devices: int, hp: int, inner: int, sha
 
 @dataclass(frozen=True)
 class TEA2AP2PPlanner(Planner):
-    """Hierarchical CP: Ulysses all-to-all inside nodes, zigzag p2p ring across nodes. ``shards``: as
-    ``RingPlanner``'s."""
+    """Hierarchical CP: Ulysses all-to-all inside groups of ``head_parallel`` GPUs of a node, zigzag p2p
+    ring across the groups. ``head_parallel``: the all-to-all size (None: the node's GPUs, TE's usual
+    configuration; it must divide the GPUs per node and split the heads); ``shards``: as ``RingPlanner``'s.
+    Tuning grid: every ``head_parallel`` dividing the GPUs per node that the heads allow (1: a zigzag ring
+    over all devices)."""
 
     shards: bool | None = None
+    head_parallel: int | None = None
     name = "te_a2a_p2p"
 
     def __post_init__(self):
         check_shards(self.shards)
+        hp = self.head_parallel
+        if hp is not None and (not isinstance(hp, (int, np.integer)) or isinstance(hp, bool) or hp < 1):
+            raise InvalidConfigError(f"head_parallel must be a positive int or None, got {hp!r}")
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
         check_inputs(spec, cluster)
-        return assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+        plan = assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
+        plan.meta.update(head_parallel=self._head_parallel(spec, cluster))
+        return plan
 
     def _head_parallel(self, spec: BatchSpec, cluster: Cluster) -> int:
-        """GPUs per all-to-all group: the node's, or 1 (a zigzag ring) when the heads cannot be split."""
+        """GPUs per all-to-all group: the knob, else the node's, or 1 (a zigzag ring) when the heads cannot
+        be split over the node."""
         g = cluster.gpus_per_node
-        return 1 if g > 1 and a2a_head_block_size(spec, g) is None else g
+        hp = self.head_parallel
+        if hp is None:
+            return 1 if g > 1 and a2a_head_block_size(spec, g) is None else g
+        if g % hp or (hp > 1 and a2a_head_block_size(spec, hp) is None):
+            raise InvalidConfigError(f"head_parallel={hp} must divide the {g} GPUs per node and split the "
+                                     f"{spec.num_heads} query heads ({spec.num_kv_heads} KV heads) evenly")
+        return hp
+
+    def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple[Planner, ...]:
+        g = cluster.gpus_per_node
+        hps = [h for h in range(1, g + 1) if g % h == 0 and (h == 1 or a2a_head_block_size(spec, h) is not None)]
+        return tuple(TEA2AP2PPlanner(self.shards, h) for h in hps)
 
     def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         g = cluster.gpus_per_node
-        if self._head_parallel(spec, cluster) != g:
+        hp = self._head_parallel(spec, cluster)
+        if self.head_parallel is None and hp != g:
             note = (f"te_a2a_p2p: {spec.num_heads} query heads ({spec.num_kv_heads} KV heads) cannot be split "
                     f"over {g} GPUs for the all-to-all; fell back to a p2p zigzag ring over all devices")
             parts = zigzag_parts(spec, cluster.n_devices, self.shards)
             return StaticParts(*parts, (note, *shard_note(self.name, parts[0])))
-        parts = hierarchical_parts(spec, cluster.n_devices, g, 1, self.shards)
+        if hp == 1:
+            parts = zigzag_parts(spec, cluster.n_devices, self.shards)
+            return StaticParts(*parts, shard_note(self.name, parts[0]))
+        parts = hierarchical_parts(spec, cluster.n_devices, hp, 1, self.shards)
         return StaticParts(*parts, shard_note(self.name, parts[0]))
 
     def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
