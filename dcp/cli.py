@@ -15,12 +15,12 @@ import numpy as np
 
 from dcp.cluster import Cluster
 from dcp.config import OBJECTIVES, PlannerConfig, SearchConfig
-from dcp.errors import DcpError
+from dcp.errors import DcpError, InvalidConfigError
 from dcp.partition import PARTITIONER_NAMES, named_partitioner
 from dcp.report import print_table, progress
 from dcp.spec import BatchSpec
 
-PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
+PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp", "ulysses")
 SEARCH_PLANNERS = ("dcp_auto",)  # dcp's plan, or a static plan when that simulates faster
 #: PlannerConfig's defaults, so that the flags never drift from the library
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlannerConfig)
@@ -200,7 +200,13 @@ def cmd_plan(args) -> int:
                                   if name.startswith("dcp") and config.time_budget_s else "")
         with progress(label), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            plan = make_planner(name, config).plan(spec, cluster)
+            try:
+                plan = make_planner(name, config).plan(spec, cluster)
+            except InvalidConfigError as err:
+                if args.planner != "all":
+                    raise
+                print(f"{name}: not applicable to this batch and cluster ({err})", file=sys.stderr)
+                continue
         stats = plan.stats()
         row = stats.to_dict()
         row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=spec.masks[0].name,

@@ -12,6 +12,7 @@ from typing import Mapping, TextIO
 
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig
+from dcp.errors import InvalidConfigError
 from dcp.report import STAT_COLUMNS, gigabytes, print_table, progress
 from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
@@ -32,7 +33,11 @@ def run_demo(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, planners:
     for name, planner in planners.items():
         with progress(f"planning with {name}"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            plan = planner.plan(spec, cluster)
+            try:
+                plan = planner.plan(spec, cluster)
+            except InvalidConfigError as err:  # e.g. Ulysses with more devices than heads
+                print(f"{name}: not applicable to this batch and cluster ({err})", file=out)
+                continue
         with progress(f"simulating {name}'s plan"):
             fwd, bwd = simulate_both(plan, config.cost_model, record_events=False)
         row = plan.stats().to_dict()

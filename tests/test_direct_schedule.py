@@ -14,7 +14,7 @@ from dcp.masks import CausalMask, LambdaMask
 from dcp.schedule.assemble import assemble
 
 
-def _plan(spec, cluster, tile_on_kv: bool, kv_round, extra: bool):
+def _plan(spec, cluster, tile_on_kv: bool, kv_round, extra: bool, hierarchical: bool = False):
     p = cluster.n_devices
     builder = BlockBuilder(spec)
     for n in spec.seqlens:
@@ -32,7 +32,8 @@ def _plan(spec, cluster, tile_on_kv: bool, kv_round, extra: bool):
         u = np.tile(units, p)
         ex = np.stack([np.ones_like(u), u // layout.n_head_blocks, u % layout.n_head_blocks, dst], 1)
     kv_r = kv_round(tiles, home, tile_device) if callable(kv_round) else kv_round
-    stage, routes = direct_schedule(layout, tiles, home, tile_device, 1, kv_r, extra_inputs=ex)
+    stage, routes = direct_schedule(layout, tiles, home, tile_device, 1, kv_r, extra_inputs=ex,
+                                    gpus_per_node=cluster.gpus_per_node if hierarchical else None)
     return assemble(spec, cluster, layout, tiles, home, tile_device, stage, routes, "direct", 0.0), stage, routes
 
 
@@ -105,3 +106,34 @@ def test_all_gather_reaches_a_device_that_runs_no_tiles():
     want = {(int(u // layout.n_head_blocks), int(u % layout.n_head_blocks), d) for d in range(3) for u in units
             if home[u // layout.n_head_blocks] != d}
     assert sent == want
+
+
+@pytest.mark.parametrize("tile_on_kv", [False, True])
+def test_hierarchical_crosses_each_node_once_and_stays_exact(tile_on_kv):
+    """With ``gpus_per_node`` a unit enters a remote node once (to the GPU with its home's local index)
+    and is relayed inside; partials of a remote node merge there before going home."""
+    torch.set_num_threads(1)
+    spec = dcp.BatchSpec([31, 12, 20], CausalMask(), 4, 2, 8, dtype="float64")
+    cluster = dcp.Cluster(2, 3)
+    plan, stage, routes = _plan(spec, cluster, tile_on_kv, 1, True, hierarchical=True)
+    flat, _, _ = _plan(spec, cluster, tile_on_kv, 1, True)
+    validate(plan)
+    g = cluster.gpus_per_node
+    ins = routes.inputs
+    cross = ins[ins[:, 3] // g != ins[:, 4] // g]
+    node_entries = np.unique(np.c_[cross[:, :3], cross[:, 4] // g], axis=0)
+    assert node_entries.shape[0] == cross.shape[0]  # one crossing per (unit, node)
+    assert (cross[:, 4] % g == cross[:, 3] % g).all()  # to the entry GPU of the same local index
+    assert plan.stats().comm_bytes_inter_node < flat.stats().comm_bytes_inter_node
+    out = routes.outputs
+    assert (out[out[:, 3] // g != out[:, 4] // g][:, 4] == plan.home[out[out[:, 3] // g != out[:, 4] // g][:, 1]]).all()
+    gen = torch.Generator().manual_seed(5)
+    t = spec.total_tokens
+    q, k, v, do = (torch.randn(t, h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    o_ref = reference_attention(*leaves, spec)
+    grads_ref = torch.autograd.grad(o_ref, leaves, do)
+    ex = ReferenceExecutor()
+    o, lse = ex.run_forward(plan, q, k, v)
+    for got, want in zip((o, *ex.run_backward(plan, q, k, v, o, lse, do)), (o_ref.detach(), *grads_ref)):
+        assert float((got - want).abs().max()) < 1e-10

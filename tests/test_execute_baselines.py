@@ -26,7 +26,11 @@ PLANNERS["dcp"] = dcp.DCPPlanner(dcp.PlannerConfig(block_size=8, partitioner=Gre
 def test_every_planner_computes_the_same_attention(name, mask, cluster):
     torch.set_num_threads(1)
     spec = dcp.BatchSpec([37, 5, 21, 2], mask, 4, 2, 8, dtype="float64")
-    plan = PLANNERS[name].plan(spec, dcp.Cluster(*cluster))
+    try:
+        plan = PLANNERS[name].plan(spec, dcp.Cluster(*cluster))
+    except dcp.InvalidConfigError as err:  # Ulysses: 4 heads over 3 devices; covered by its own tests
+        assert name == "ulysses", err
+        pytest.skip(f"{name} cannot serve this cluster: {err}")
     g = torch.Generator().manual_seed(7)
     t = spec.total_tokens
     q = torch.randn(t, 4, 8, generator=g, dtype=torch.float64)

@@ -3,16 +3,23 @@
 ``RingPlanner`` ("ring"), ``ZigzagPlanner`` ("zigzag"), ``TEA2AP2PPlanner`` ("te_a2a_p2p", Transformer
 Engine's hierarchical all-to-all + p2p), ``MegatronDynCPPlanner`` ("megatron_dyncp", Megatron-Core's
 dynamic CP groups) and ``LoongTrainPlanner`` ("loongtrain", 2-D head x context parallelism with a double
-ring). ``BASELINES`` maps names to classes; every class builds with defaults: ``BASELINES[name]()``.
+ring), ``TorchCPPlanner`` ("torch_cp", PyTorch's context parallelism: per-document head-tail or
+processing-time round-robin, all-gathered KV) and ``UlyssesPlanner`` ("ulysses", DeepSpeed's all-to-all head
+parallelism). ``BASELINES`` maps names to classes; every class builds with defaults: ``BASELINES[name]()``.
+A planner that cannot serve a batch or cluster (Ulysses with more devices than heads) raises
+``InvalidConfigError`` naming why; ``Planner.tuning_grid`` lists the knob settings a tuned comparison tries.
 """
 from dcp.baselines.loongtrain import LoongTrainPlanner
 from dcp.baselines.megatron_dyncp import MegatronDynCPPlanner
 from dcp.baselines.ring import RingPlanner
 from dcp.baselines.te_a2a_p2p import TEA2AP2PPlanner
+from dcp.baselines.torch_cp import TorchCPPlanner
+from dcp.baselines.ulysses import UlyssesPlanner
 from dcp.baselines.zigzag import ZigzagPlanner
 
 BASELINES: dict[str, type] = {
-    cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronDynCPPlanner, LoongTrainPlanner)
+    cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronDynCPPlanner, LoongTrainPlanner,
+                              TorchCPPlanner, UlyssesPlanner)
 }
 
 
@@ -24,4 +31,4 @@ def default_warm_planners() -> tuple:
 
 
 __all__ = ["BASELINES", "default_warm_planners", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
-           "ZigzagPlanner"]
+           "TorchCPPlanner", "UlyssesPlanner", "ZigzagPlanner"]

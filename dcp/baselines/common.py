@@ -364,9 +364,10 @@ def plan_ring(spec: BatchSpec, builder: BlockBuilder, head_block_size: int | Non
 
 def direct_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
                     q_round: np.ndarray | int, kv_round: np.ndarray | int,
-                    extra_inputs: np.ndarray | None = None) -> tuple[np.ndarray, Routes]:
+                    extra_inputs: np.ndarray | None = None,
+                    gpus_per_node: int | None = None) -> tuple[np.ndarray, Routes]:
     """Tile stages and routes of a plan whose inputs travel straight from their home to every device that
-    runs a tile on them (all-to-all, all-gather, multicast: no relays), and whose partial outputs go
+    runs a tile on them (all-to-all, all-gather, multicast: no rings), and whose partial outputs go
     straight home (reverse all-to-all, reduce-scatter).
 
     ``q_round``/``kv_round``: per tile (or one int for all), the round by which the tile's q-side/kv-side
@@ -375,46 +376,89 @@ def direct_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_
     both are home). ``extra_inputs``: int64 ``[n, 4]`` rows (side, tb, hb, dst) delivered in round 1
     although no tile there needs them (an all-gather sends every unit everywhere). A partial leaves its
     device for home two rounds after the unit's last tile there ran (``dcp.schedule.build``'s rule).
-    Returns (int64 tile stage per tile, ``Routes``)."""
+
+    ``gpus_per_node``: hierarchical collectives, as NCCL runs them across nodes: a unit crosses into a
+    remote node once, to the GPU there with its home's local index (the *entry*), in the earliest round
+    any GPU of that node needs it, and the entry relays it to the node's other consumers one round later;
+    partials of a unit from several GPUs of a remote node merge on the entry before one transfer home.
+    None: every transfer is direct. Returns (int64 tile stage per tile, ``Routes``)."""
     nhb = layout.n_head_blocks
     home = np.asarray(home, dtype=np.int64)
     dev = np.asarray(tile_device, dtype=np.int64)
     n = tiles.n_tiles
-    hb = tiles.hb.astype(np.int64)
-    sides = ((0, tiles.q_tb.astype(np.int64), np.broadcast_to(np.asarray(q_round, dtype=np.int64), (n,))),
-             (1, tiles.kv_tb.astype(np.int64), np.broadcast_to(np.asarray(kv_round, dtype=np.int64), (n,))))
-    ex_dst = int(np.asarray(extra_inputs).reshape(-1, 4)[:, 3].max(initial=0)) if extra_inputs is not None else 0
-    # keys (unit, device) need a width above every device that appears (homes and all-gather receivers too)
-    width = max(int(dev.max(initial=0)), int(home.max(initial=0)), ex_dst) + 1
-    arrival = np.zeros((2, n), dtype=np.int64)
-    inputs, keys = [], []
-    for side, tb, want in sides:
-        remote = home[tb] != dev
-        if (want[remote] < 1).any():
+    unit_of = {0: tiles.q_tb.astype(np.int64) * nhb + tiles.hb, 1: tiles.kv_tb.astype(np.int64) * nhb + tiles.hb}
+    wants = {0: np.broadcast_to(np.asarray(q_round, dtype=np.int64), (n,)),
+             1: np.broadcast_to(np.asarray(kv_round, dtype=np.int64), (n,))}
+    ex = np.zeros((0, 4), dtype=np.int64) if extra_inputs is None else np.asarray(extra_inputs, np.int64).reshape(-1, 4)
+    # keys (side, unit, device) need a width above every device that appears (homes, all-gather receivers)
+    width = max(int(dev.max(initial=0)), int(home.max(initial=0)), int(ex[:, 3].max(initial=0))) + 1
+    n_units = layout.n_token_blocks * nhb
+    key_of = lambda side, unit, d: (side * n_units + unit) * width + d  # noqa: E731
+    # --- deliveries (side, unit, dst) at the earliest round asked
+    parts_key, parts_round = [], []
+    for side in (0, 1):
+        remote = home[unit_of[side] // nhb] != dev
+        if (wants[side][remote] < 1).any():
             raise ValueError("a remote input must arrive in round 1 or later")
-        key = ((tb * nhb + hb) * width + dev)[remote]
-        uniq, inv = np.unique(key, return_inverse=True)
-        first = np.full(uniq.size, np.iinfo(np.int64).max)
-        np.minimum.at(first, inv, want[remote])
-        arrival[side, remote] = first[inv]
-        unit, dst = uniq // width, uniq % width
-        inputs.append(np.stack([np.full_like(unit, side), unit // nhb, unit % nhb, home[unit // nhb], dst, first], 1))
-        keys.append(side * (1 << 62) + uniq)
-    tile_stage = arrival.max(axis=0)
-    if extra_inputs is not None and len(extra_inputs):
-        ex = np.asarray(extra_inputs, dtype=np.int64).reshape(-1, 4)
-        ex = ex[home[ex[:, 1]] != ex[:, 3]]
-        ex_key = ex[:, 0] * (1 << 62) + (ex[:, 1] * nhb + ex[:, 2]) * width + ex[:, 3]
-        ex = ex[~np.isin(ex_key, np.concatenate(keys))]
-        ex = np.unique(ex, axis=0)
-        inputs.append(np.stack([ex[:, 0], ex[:, 1], ex[:, 2], home[ex[:, 1]], ex[:, 3], np.ones(len(ex), np.int64)], 1))
+        parts_key.append(key_of(side, unit_of[side][remote], dev[remote]))
+        parts_round.append(wants[side][remote])
+    ex = ex[home[ex[:, 1]] != ex[:, 3]]
+    parts_key.append(key_of(ex[:, 0], ex[:, 1] * nhb + ex[:, 2], ex[:, 3]))
+    parts_round.append(np.ones(len(ex), dtype=np.int64))
+    uniq, inv = np.unique(np.concatenate(parts_key), return_inverse=True)
+    first = np.full(uniq.size, np.iinfo(np.int64).max)
+    np.minimum.at(first, inv, np.concatenate(parts_round))
+    side, unit, dst = uniq // width // n_units, uniq // width % n_units, uniq % width
+    src = home[unit // nhb]
+    row = lambda sd, u, a, b, r: np.stack([sd, u // nhb, u % nhb, a, b, r], 1)  # noqa: E731
+    arrive = first.copy()
+    if gpus_per_node:
+        g = int(gpus_per_node)
+        far = src // g != dst // g
+        entry = dst // g * g + src % g
+        node_key = (side * n_units + unit) * (width // g + 1) + dst // g
+        nk, ninv = np.unique(node_key[far], return_inverse=True)
+        node_round = np.full(nk.size, np.iinfo(np.int64).max)
+        np.minimum.at(node_round, ninv, first[far])
+        arrive[far] = node_round[ninv] + (dst[far] != entry[far])
+        at = np.flatnonzero(far)[np.unique(ninv, return_index=True)[1]]  # one delivery per (unit, node), nk order
+        relayed = far & (dst != entry)
+        rows = [row(side[~far], unit[~far], src[~far], dst[~far], first[~far]),
+                row(side[at], unit[at], src[at], entry[at], node_round),
+                row(side[relayed], unit[relayed], entry[relayed], dst[relayed], arrive[relayed])]
+    else:
+        rows = [row(side, unit, src, dst, first)]
+    # --- tiles run once both inputs are there
+    tile_stage = np.zeros(n, dtype=np.int64)
+    for sd in (0, 1):
+        remote = home[unit_of[sd] // nhb] != dev
+        got = lookup(uniq, arrive, key_of(sd, unit_of[sd][remote], dev[remote]))
+        tile_stage[remote] = np.maximum(tile_stage[remote], got)
+    # --- partials home (through the entry GPU of their node when hierarchical)
     outputs = []
-    for side, tb, _ in sides:
-        away = home[tb] != dev
-        key = ((tb * nhb + hb) * width + dev)[away]
-        uniq, inv = np.unique(key, return_inverse=True)
-        last = np.full(uniq.size, -1, dtype=np.int64)
-        np.maximum.at(last, inv, tile_stage[away])
-        unit, src = uniq // width, uniq % width
-        outputs.append(np.stack([np.full_like(unit, side), unit // nhb, unit % nhb, src, home[unit // nhb], last + 2], 1))
-    return tile_stage, Routes(np.concatenate(inputs).reshape(-1, 6), np.concatenate(outputs).reshape(-1, 6))
+    for sd in (0, 1):
+        away = home[unit_of[sd] // nhb] != dev
+        okey, oinv = np.unique(key_of(sd, unit_of[sd][away], dev[away]), return_inverse=True)
+        last = np.full(okey.size, -1, dtype=np.int64)
+        np.maximum.at(last, oinv, tile_stage[away])
+        ou, osrc = okey // width % n_units, okey % width
+        ohome = home[ou // nhb]
+        send = last + 2
+        if not gpus_per_node:
+            outputs.append(row(np.full_like(ou, sd), ou, osrc, ohome, send))
+            continue
+        g = int(gpus_per_node)
+        oentry = osrc // g * g + ohome % g
+        member = (osrc // g != ohome // g) & (osrc != oentry)
+        outputs.append(row(np.full_like(ou, sd)[member], ou[member], osrc[member], oentry[member], send[member]))
+        # the entry forwards its merged partial home once it has its own tiles' and every member's
+        ekey = np.where(member, ou * width + oentry, ou * width + osrc)
+        goes = (osrc // g != ohome // g)
+        ek, einv = np.unique(ekey[goes], return_inverse=True)
+        ready = np.full(ek.size, -1, dtype=np.int64)
+        np.maximum.at(ready, einv, np.where(member[goes], send[goes] + 1, send[goes]))
+        eu, esrc = ek // width, ek % width
+        outputs.append(row(np.full_like(eu, sd), eu, esrc, home[eu // nhb], ready))
+        near = ~goes
+        outputs.append(row(np.full_like(ou, sd)[near], ou[near], osrc[near], ohome[near], send[near]))
+    return tile_stage, Routes(np.concatenate(rows).reshape(-1, 6), np.concatenate(outputs).reshape(-1, 6))

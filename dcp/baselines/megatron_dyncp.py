@@ -120,8 +120,9 @@ class MegatronDynCPPlanner(Planner):
 
     ``max_seqlen_per_rank``: tokens one device may hold of a sequence (None: ceil(total tokens / P));
     ``version``: "dev" (default) or "2026.01", the scheduler reproduced (module docstring).
-    Tuning grid: ``max_seqlen_per_rank`` in {512, 768, 1024, 1536, 2048, 3072, 4096} and None (the
-    values at least the mean tokens per device), each version."""
+    Tuning grid: ``max_seqlen_per_rank`` in {512, 768, 1024, 1536, 2048, 3072, 4096} and None (the mean
+    tokens per device), each version: a cap below the mean cannot hold everywhere, and the packer then
+    places the sequences that fit no group on the least loaded one (the simulation decides)."""
 
     max_seqlen_per_rank: int | None = None
     version: str = "dev"
@@ -135,8 +136,7 @@ class MegatronDynCPPlanner(Planner):
             raise InvalidConfigError(f"version must be one of {VERSIONS}, got {self.version!r}")
 
     def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple[Planner, ...]:
-        mean = -(-spec.total_tokens // cluster.n_devices)
-        values = [m for m in TUNING_MAX_SEQLEN if m >= mean] + [None]
+        values = [*TUNING_MAX_SEQLEN, None]
         return tuple(MegatronDynCPPlanner(m, v) for v in VERSIONS for m in values)
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:

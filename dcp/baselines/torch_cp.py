@@ -23,7 +23,10 @@ Plan in dcp's IR (both balancers): tiles run on their q block's home (Q, O and d
 unit goes from its home to every other rank in round 1 whether a tile there needs it or not (an
 all-gather: the unneeded copies are ``direct_schedule`` extra inputs, so their bytes are charged); tiles
 whose KV is local run in stage 0 while the all-gather is in flight, the rest in stage 1; dKV partials go
-straight home (the reduce-scatter). Departures: dcp's backward gathers KV again (PyTorch keeps the
+straight home (the reduce-scatter). Across nodes the collectives are hierarchical, as NCCL's are: a unit
+enters a remote node once (round 1, to the GPU with its home's local index) and is relayed inside it
+(round 2; tiles needing it run in stage 2), and a remote node's dKV partials merge there before one
+transfer home (``direct_schedule(..., gpus_per_node)``). Departures: dcp's backward gathers KV again (PyTorch keeps the
 gathered K/V of the forward alive for its backward: memory instead of bytes); FlexAttention's all-gather
 is waited for before its single attention call, so dcp's stage 0 overlap is slightly optimistic for
 ``ptrr`` (the varlen/SDPA path does overlap its local step with the gather).
@@ -129,7 +132,8 @@ class TorchCPPlanner(Planner):
         tile_device = home[tiles.q_tb]
         # all-gather: every KV unit everywhere in round 1; local-KV tiles run in stage 0 meanwhile
         tile_stage, routes = direct_schedule(layout, tiles, home, tile_device, 1, 1,
-                                             extra_inputs=all_gather_extras(layout, p))
+                                             extra_inputs=all_gather_extras(layout, p),
+                                             gpus_per_node=cluster.gpus_per_node)
         return StaticParts(layout, tiles, home, tile_device, tile_stage, routes, notes)
 
     def _head_tail(self, spec: BatchSpec, p: int) -> tuple[BlockLayout, TileSet, np.ndarray]:

@@ -84,7 +84,7 @@ class UlyssesPlanner(Planner):
         plan = assemble_static(spec, cluster, self.static_parts(spec, cluster), self.name, started)
         hqb = plan.layout.head_block_size
         plan.meta.update(heads_per_rank=hqb, kv_heads_per_rank=plan.layout.kv_heads_per_block,
-                         kv_replication=max(spec.group_size // hqb, 1) if hqb < spec.group_size else 1)
+                         kv_replication=spec.group_size // hqb if hqb < spec.group_size else 1)
         return plan
 
     def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:

@@ -34,7 +34,7 @@ DEFAULT_OUT = Path("dcp-bench-results")
 """Where ``dcp bench`` writes unless told otherwise (relative to the working directory), so that running a
 benchmark never overwrites the committed results."""
 
-BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
+BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp", "ulysses")
 """Every static baseline; "best baseline" in the summaries means the fastest of these."""
 
 PAPER_BASELINE_NAMES = ("ring", "zigzag", "te_a2a_p2p", "loongtrain")

@@ -49,6 +49,7 @@ SCALES = (0.5, 1.0, 2.0, 4.0)
 MASK_NAMES = ("causal", "lambda", "shared_question", "causal_blockwise")
 PLANNER_NAMES = ("dcp", "dcp_auto", *BASELINE_NAMES)
 SAME_MEMORY = "dcp_same_memory"
+TUNED = "best_tuned"
 QUICK = dict(scales=(1.0, 4.0), masks=("causal", "lambda"), batches=1, profiles=("a100",))
 
 
@@ -79,6 +80,8 @@ class MicroConfig:
     dtype: str = "bfloat16"
     seed: int = 0
     dcp: DcpOptions = DcpOptions()
+    tuned: bool = True
+    tune_top: int = 2
 
     def __post_init__(self):
         bad = [p for p in self.planners if p not in PLANNER_NAMES]
@@ -89,11 +92,34 @@ class MicroConfig:
             raise ValueError(f"unknown masks {bad}; choose from {MASK_NAMES}")
 
 
-def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
-    """Run the grid; returns ``{profile: rows}`` (one row per cell, batch and planner)."""
+def run_micro(cfg: MicroConfig, jobs: int = 1) -> dict[str, list[dict]]:
+    """Run the grid; returns ``{profile: rows}`` (one row per cell, batch and planner). ``jobs`` > 1 runs
+    cells in that many processes (same rows, same order)."""
+    work = [(d, s, m, b) for d in cfg.datasets for s in cfg.scales for m in cfg.masks for b in range(cfg.batches)]
+    rows: dict[str, list[dict]] = {p: [] for p in cfg.profiles}
+    if jobs > 1:
+        import concurrent.futures
+        import multiprocessing
+
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_cell_rows, cfg, *w) for w in work]
+            for fut in progress(futures, desc=f"micro ({jobs} processes)"):
+                for profile, got in fut.result().items():
+                    rows[profile].extend(got)
+        return rows
+    for w in progress(work, desc="micro"):
+        for profile, got in _cell_rows(cfg, *w).items():
+            rows[profile].extend(got)
+    return rows
+
+
+def _cell_rows(cfg: MicroConfig, dataset: str, scale: float, mask_name: str, bi: int) -> dict[str, list[dict]]:
+    """The rows of one (dataset, scale, mask, batch) cell, per profile."""
     from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.bench.tuned import tune, tuned_row
     from dcp.cost import CostModel
     from dcp.data import make_batches
+    from dcp.errors import InvalidConfigError
     from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import ideal_time_s, simulate_both
     from dcp.spec import BatchSpec
@@ -101,64 +127,74 @@ def run_micro(cfg: MicroConfig) -> dict[str, list[dict]]:
     cluster = Cluster(cfg.nodes, cfg.gpus_per_node)
     mach, rev = machine(), git_revision()
     rows: dict[str, list[dict]] = {p: [] for p in cfg.profiles}
-    batches = {(d, s): make_batches(d, s, tokens_per_batch=cfg.tokens, num_batches=cfg.batches, seed=cfg.seed)
-               for d in cfg.datasets for s in cfg.scales}
-    work = [(d, s, m, b) for d in cfg.datasets for s in cfg.scales for m in cfg.masks for b in range(cfg.batches)]
     base_names = [p for p in cfg.planners if p in BASELINE_NAMES]
     want_auto = "dcp_auto" in cfg.planners
     auto_bases = ("zigzag", "megatron_dyncp")
     plan_bases = list(dict.fromkeys(base_names + (list(auto_bases) if want_auto else [])))
-    for dataset, scale, mask_name, bi in progress(work, desc="micro"):
-        lens = batches[(dataset, scale)][bi]
-        spec = BatchSpec(lens, make_mask(mask_name), cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype)
-        cell = dict(dataset=dataset, scale=scale, mask=mask_name, batch=bi, num_seqs=spec.num_seqs,
-                    tokens=spec.total_tokens, max_seqlen=int(max(lens)), nodes=cfg.nodes,
-                    gpus_per_node=cfg.gpus_per_node, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
-                    **config_fields(dcp_config("a100", cfg.dcp)))
-        base_plans = {}
-        for name in plan_bases:  # profile-independent: plan once per batch
+    lens = make_batches(dataset, scale, tokens_per_batch=cfg.tokens, num_batches=cfg.batches, seed=cfg.seed)[bi]
+    spec = BatchSpec(lens, make_mask(mask_name), cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.dtype)
+    cell = dict(dataset=dataset, scale=scale, mask=mask_name, batch=bi, num_seqs=spec.num_seqs,
+                tokens=spec.total_tokens, max_seqlen=int(max(lens)), nodes=cfg.nodes,
+                gpus_per_node=cfg.gpus_per_node, heads=cfg.heads, kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
+                **config_fields(dcp_config("a100", cfg.dcp)))
+    base_plans, base_sims = {}, {}
+    for name in plan_bases:  # profile-independent: plan once per batch
+        try:
             base_plans[name] = plan_quietly(BASELINES[name](), spec, cluster)
-        for profile in cfg.profiles:
-            cost = CostModel.named(profile)
-            common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
-            for name in base_names:
-                plan, warns = base_plans[name]
-                fwd, bwd = simulate_both(plan, cost, record_events=False)
-                rows[profile].append(dict(cell, planner=name, chosen=name, block_size="",
-                                          planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
-                                          **stat_fields(plan), candidates="", warnings=len(warns), **common))
-            config = dcp_config(profile, cfg.dcp)
-            dcp_plan = None
-            if "dcp" in cfg.planners or want_auto:
-                dcp_plan, dcp_warns = plan_quietly(DCPPlanner(config), spec, cluster)
-            if "dcp" in cfg.planners:
-                fwd, bwd = simulate_both(dcp_plan, cost, record_events=False)
-                rows[profile].append(dict(cell, planner="dcp", chosen=dcp_plan.meta.get("search_chosen", "dcp"),
-                                          block_size=config.block_size,
-                                          planning_time_s=round(dcp_plan.planning_time_s, 4), **sim_fields(fwd, bwd),
-                                          **stat_fields(dcp_plan), candidates=dcp_plan.meta.get("search_candidates", ""),
-                                          warnings=len(dcp_warns), **common))
-            if "dcp" in cfg.planners:
-                rows[profile].extend(_same_memory_rows(rows[profile][-1], rows[profile], cell, spec, cluster, config,
-                                                       cost, common))
-            if want_auto:
-                cache = {(f"dcp@B{config.block_size}", id(spec), id(cluster)): dcp_plan}
-                for name in auto_bases:
-                    cache[(name, id(spec), id(cluster))] = base_plans[name][0]
-                auto = CachedAutoPlanner(config, block_sizes=(config.block_size,),
-                                         baselines=(ZigzagPlanner(), MegatronDynCPPlanner()), cache=cache, ledger={})
-                plan, warns = plan_quietly(auto, spec, cluster)
-                cand = plan.meta["candidates"][plan.meta["chosen"]]
-                fwd_ms, bwd_ms = cand["forward_s"] * 1e3, cand["backward_s"] * 1e3
-                ideal_f = ideal_time_s(plan, cost, "forward") * 1e3
-                ideal_b = ideal_time_s(plan, cost, "backward") * 1e3
-                sim = dict(fwd_ms=round(fwd_ms, 5), bwd_ms=round(bwd_ms, 5), ideal_fwd_ms=round(ideal_f, 5),
-                           ideal_bwd_ms=round(ideal_b, 5), fwd_efficiency=round(ideal_f / fwd_ms, 4),
-                           bwd_efficiency=round(ideal_b / bwd_ms, 4))
-                fields = auto_fields(plan, auto.ledger.get("saved_s", 0.0))
-                rows[profile].append(dict(cell, planner="dcp_auto", chosen=fields["chosen"], block_size=fields["block_size"],
-                                          planning_time_s=fields["planning_time_s"], **sim, **stat_fields(plan),
-                                          candidates=fields["candidates"], warnings=len(warns), **common))
+        except InvalidConfigError:  # e.g. Ulysses with more devices than heads: not applicable here
+            continue
+        base_sims[name] = {profile: simulate_both(base_plans[name][0], CostModel.named(profile),
+                                                  record_events=False) for profile in cfg.profiles}
+    tuned = {}
+    if cfg.tuned and base_names:
+        tuned = tune(spec, cluster, [BASELINES[n]() for n in base_names if n in base_plans],
+                     {p: CostModel.named(p) for p in cfg.profiles}, cfg.tune_top,
+                     {n: (base_plans[n][0], base_sims[n]) for n in base_plans})
+    for profile in cfg.profiles:
+        cost = CostModel.named(profile)
+        common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+        for name in base_names:
+            if name not in base_plans:
+                continue
+            plan, warns = base_plans[name]
+            fwd, bwd = base_sims[name][profile]
+            rows[profile].append(dict(cell, planner=name, chosen=name, block_size="",
+                                      planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
+                                      **stat_fields(plan), candidates="", warnings=len(warns), **common))
+        if tuned.get(profile):
+            rows[profile].append(tuned_row(cell, tuned[profile], common))
+        config = dcp_config(profile, cfg.dcp)
+        dcp_plan = None
+        if "dcp" in cfg.planners or want_auto:
+            dcp_plan, dcp_warns = plan_quietly(DCPPlanner(config), spec, cluster)
+        if "dcp" in cfg.planners:
+            fwd, bwd = simulate_both(dcp_plan, cost, record_events=False)
+            rows[profile].append(dict(cell, planner="dcp", chosen=dcp_plan.meta.get("search_chosen", "dcp"),
+                                      block_size=config.block_size,
+                                      planning_time_s=round(dcp_plan.planning_time_s, 4), **sim_fields(fwd, bwd),
+                                      **stat_fields(dcp_plan), candidates=dcp_plan.meta.get("search_candidates", ""),
+                                      warnings=len(dcp_warns), **common))
+        if "dcp" in cfg.planners:
+            rows[profile].extend(_same_memory_rows(rows[profile][-1], rows[profile], cell, spec, cluster, config,
+                                                   cost, common))
+        if want_auto:
+            cache = {(f"dcp@B{config.block_size}", id(spec), id(cluster)): dcp_plan}
+            for name in auto_bases:
+                cache[(name, id(spec), id(cluster))] = base_plans[name][0]
+            auto = CachedAutoPlanner(config, block_sizes=(config.block_size,),
+                                     baselines=(ZigzagPlanner(), MegatronDynCPPlanner()), cache=cache, ledger={})
+            plan, warns = plan_quietly(auto, spec, cluster)
+            cand = plan.meta["candidates"][plan.meta["chosen"]]
+            fwd_ms, bwd_ms = cand["forward_s"] * 1e3, cand["backward_s"] * 1e3
+            ideal_f = ideal_time_s(plan, cost, "forward") * 1e3
+            ideal_b = ideal_time_s(plan, cost, "backward") * 1e3
+            sim = dict(fwd_ms=round(fwd_ms, 5), bwd_ms=round(bwd_ms, 5), ideal_fwd_ms=round(ideal_f, 5),
+                       ideal_bwd_ms=round(ideal_b, 5), fwd_efficiency=round(ideal_f / fwd_ms, 4),
+                       bwd_efficiency=round(ideal_b / bwd_ms, 4))
+            fields = auto_fields(plan, auto.ledger.get("saved_s", 0.0))
+            rows[profile].append(dict(cell, planner="dcp_auto", chosen=fields["chosen"], block_size=fields["block_size"],
+                                      planning_time_s=fields["planning_time_s"], **sim, **stat_fields(plan),
+                                      candidates=fields["candidates"], warnings=len(warns), **common))
     return rows
 
 
@@ -186,7 +222,7 @@ def _same_memory_rows(dcp_row: dict, rows: list[dict], cell: dict, spec, cluster
                  warnings=len(warns), **common)]
 
 
-def summarize(rows: list[dict], planners=PLANNER_NAMES) -> list[dict]:
+def summarize(rows: list[dict], planners=(*PLANNER_NAMES, TUNED)) -> list[dict]:
     """One row per (dataset, scale, mask, profile): mean forward/backward ms per planner over batches, the
     best baseline (fastest mean, separately forward and backward) and the speedups of dcp and dcp_auto
     over it; also over the paper's baselines only (without megatron_dyncp) and over te_a2a_p2p (the
@@ -224,9 +260,15 @@ def summarize(rows: list[dict], planners=PLANNER_NAMES) -> list[dict]:
                 row[f"{who}_{d}_speedup_vs_paper_baselines"] = round(t[(best_paper, d)] / mine, 3) if best_paper else ""
                 if "te_a2a_p2p" in names:
                     row[f"{who}_{d}_speedup_vs_te"] = round(t[("te_a2a_p2p", d)] / mine, 3)
+                if TUNED in names:  # the best tuned baseline of each batch (dcp.bench.tuned), averaged
+                    row[f"{who}_{d}_speedup_vs_tuned"] = round(t[(TUNED, d)] / mine, 3)
         for who in ("dcp", "dcp_auto"):
             if who in names:
                 row[f"{who}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == who)
+        if TUNED in names:
+            row["best_tuned_fwd_ms"] = round(t[(TUNED, "fwd")], 4)
+            row["best_tuned_bwd_ms"] = round(t[(TUNED, "bwd")], 4)
+            row["best_tuned_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == TUNED)
         for d in ("fwd", "bwd"):  # dcp given the over-budget best baseline's memory, where it was planned
             same = [r for r in sel if r["planner"] == SAME_MEMORY]
             best = row[f"best_baseline_{d}"]
@@ -248,7 +290,8 @@ def summarize(rows: list[dict], planners=PLANNER_NAMES) -> list[dict]:
     return out
 
 
-HEADLINE = ["dataset", "scale", "mask", "best_baseline_fwd", "dcp_fwd_speedup", "best_baseline_bwd", "dcp_bwd_speedup",
+HEADLINE = ["dataset", "scale", "mask", "dcp_fwd_speedup_vs_tuned", "dcp_bwd_speedup_vs_tuned", "best_tuned_chosen",
+            "best_baseline_fwd", "dcp_fwd_speedup", "best_baseline_bwd", "dcp_bwd_speedup",
             "dcp_memory_imbalance", "megatron_dyncp_memory_imbalance", "dcp_fwd_speedup_within_memory",
             "dcp_bwd_speedup_within_memory", "dcp_same_memory_fwd_speedup", "dcp_same_memory_bwd_speedup"]
 
@@ -268,6 +311,11 @@ def add_parser(sub) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--tokens", type=int, default=131072, help="tokens per batch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="cells planned in parallel processes (same results)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="skip the best tuned baseline (every baseline over its tuning grid, dcp.bench.tuned)")
+    p.add_argument("--tune-top", type=int, default=2,
+                   help="grid points per baseline simulated after ranking by the estimate (default 2)")
     add_dcp_args(p)
     p.add_argument("--out-dir", default=str(DEFAULT_OUT),
                    help="where the CSVs go (the committed results: --out-dir benchmarks/results)")
@@ -280,7 +328,8 @@ def config_from_args(args) -> MicroConfig:
     kw = dict(datasets=parse_list(args.datasets), scales=parse_list(args.scales, float),
               masks=parse_list(args.masks), planners=parse_list(args.planners),
               profiles=parse_list(args.profiles), batches=args.batches, nodes=args.nodes,
-              gpus_per_node=args.gpus_per_node, tokens=args.tokens, seed=args.seed, dcp=options_from_args(args))
+              gpus_per_node=args.gpus_per_node, tokens=args.tokens, seed=args.seed, dcp=options_from_args(args),
+              tuned=not args.no_tuned, tune_top=args.tune_top)
     if args.quick:
         kw.update(QUICK)
     return MicroConfig(**kw)
@@ -299,7 +348,7 @@ def write_results(rows_by_profile: dict[str, list[dict]], out_dir, tag: str = ""
 def cmd_micro(args) -> int:
     cfg = config_from_args(args)
     started = time.perf_counter()
-    rows = run_micro(cfg)
+    rows = run_micro(cfg, args.jobs)
     tag = args.tag if args.tag is not None else ("_quick" if args.quick else "")
     for path in write_results(rows, args.out_dir, tag):
         print(f"wrote {path}")
