@@ -20,7 +20,8 @@ from dcp.partition import PARTITIONER_NAMES, named_partitioner
 from dcp.report import print_table, progress
 from dcp.spec import BatchSpec
 
-PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp", "ulysses")
+PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp", "ulysses", "magi",
+            "magi_dynamic")
 SEARCH_PLANNERS = ("dcp_auto",)  # dcp's plan, or a static plan when that simulates faster
 #: PlannerConfig's defaults, so that the flags never drift from the library
 CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PlannerConfig)

@@ -113,7 +113,8 @@ def test_random_lengths(planner, cluster, lens, mask, heads):
 
 
 def test_registry():
-    assert set(BASELINES) == {"ring", "zigzag", "te_a2a_p2p", "megatron_dyncp", "loongtrain"}
+    assert set(BASELINES) == {"ring", "zigzag", "te_a2a_p2p", "megatron_dyncp", "loongtrain", "torch_cp", "ulysses",
+                              "magi", "magi_dynamic"}
     for name, cls in BASELINES.items():
         planner = cls()
         assert isinstance(planner, Planner) and planner.name == name

@@ -53,7 +53,16 @@ def test_micro_csv_columns(results):
     rows = read_csv(results / "micro_a100.csv")
     assert ROW_COLUMNS <= set(rows[0])
     # dcp_same_memory rows appear only where a faster baseline holds more memory than dcp's budget
-    assert set(micro.PLANNER_NAMES) <= {r["planner"] for r in rows} <= {*micro.PLANNER_NAMES, micro.SAME_MEMORY}
+    names = {r["planner"] for r in rows}
+    assert names <= {*micro.PLANNER_NAMES, micro.SAME_MEMORY, micro.TUNED} and micro.TUNED in names
+    # every planner the cluster allows has its default row (Ulysses: 8 heads cannot go over more devices)
+    assert set(micro.PLANNER_NAMES) - {"ulysses"} <= names
+    # the best tuned baseline contains every baseline's default configuration: never slower than one
+    for tuned in (r for r in rows if r["planner"] == micro.TUNED):
+        same = [r for r in rows if r["batch"] == tuned["batch"] and r["planner"] in BASELINE_NAMES]
+        assert same and float(tuned["fwd_ms"]) + float(tuned["bwd_ms"]) <= \
+            min(float(r["fwd_ms"]) + float(r["bwd_ms"]) for r in same) + 1e-6
+        assert "(" in tuned["candidates"]  # each planner's tuned point is listed
     assert all(r["simulated"] == "True" and r["profile"] == "a100" and r["machine"] for r in rows)
     assert all(float(r["fwd_ms"]) >= float(r["ideal_fwd_ms"]) * (1 - 1e-9) for r in rows)
     summary = read_csv(results / "micro_a100_summary.csv")

@@ -45,7 +45,7 @@ def test_tiny_run_writes_csv(tmp_path):
     got = read_csv(path)
     assert COLUMNS <= set(got[0])
     planners = {r["planner"] for r in got}
-    assert planners == {"dcp", "megatron_cp1", "megatron_cp2", "megatron_cp4", "megatron_best"}
+    assert planners == {"dcp", "megatron_cp1", "megatron_cp2", "megatron_cp4", "megatron_best", "best_tuned"}
     for r in got:
         assert float(r["attention_ms"]) > 0 and float(r["other_ms"]) > 0 and float(r["iteration_s"]) > 0
         assert r["simulated"] == "True"
@@ -55,6 +55,10 @@ def test_tiny_run_writes_csv(tmp_path):
     dcp = next(r for r in got if r["planner"] == "dcp")
     assert float(dcp["speedup_vs_megatron_best"]) == pytest.approx(
         float(best["iteration_s"]) / float(dcp["iteration_s"]), rel=1e-3)
+    tuned = next(r for r in got if r["planner"] == "best_tuned")
+    opponent = min(float(best["iteration_s"]), float(tuned["iteration_s"]))
+    assert float(dcp["speedup_vs_best_tuned"]) == pytest.approx(opponent / float(dcp["iteration_s"]), rel=1e-3)
+    assert tuned["chosen"] and dcp["best_tuned"]
     if HAS_MPL:
         out = tmp_path / "figs"
         subprocess.run([sys.executable, str(ROOT / "paper_figs" / "fig_e2e.py"), "--results-dir", str(tmp_path),

@@ -4,12 +4,15 @@
 Engine's hierarchical all-to-all + p2p), ``MegatronDynCPPlanner`` ("megatron_dyncp", Megatron-Core's
 dynamic CP groups) and ``LoongTrainPlanner`` ("loongtrain", 2-D head x context parallelism with a double
 ring), ``TorchCPPlanner`` ("torch_cp", PyTorch's context parallelism: per-document head-tail or
-processing-time round-robin, all-gathered KV) and ``UlyssesPlanner`` ("ulysses", DeepSpeed's all-to-all head
-parallelism). ``BASELINES`` maps names to classes; every class builds with defaults: ``BASELINES[name]()``.
+processing-time round-robin, all-gathered KV), ``UlyssesPlanner`` ("ulysses", DeepSpeed's all-to-all head
+parallelism), ``MagiPlanner`` ("magi", MagiAttention's static dispatch: area-balanced query chunks, KV
+multicast, ``degree``-stage overlap) and ``MagiDynamicPlanner`` ("magi_dynamic", its dynamic tile solver). ``BASELINES`` maps names to classes; every class builds with defaults: ``BASELINES[name]()``.
 A planner that cannot serve a batch or cluster (Ulysses with more devices than heads) raises
 ``InvalidConfigError`` naming why; ``Planner.tuning_grid`` lists the knob settings a tuned comparison tries.
 """
 from dcp.baselines.loongtrain import LoongTrainPlanner
+from dcp.baselines.magi import MagiPlanner
+from dcp.baselines.magi_dynamic import MagiDynamicPlanner
 from dcp.baselines.megatron_dyncp import MegatronDynCPPlanner
 from dcp.baselines.ring import RingPlanner
 from dcp.baselines.te_a2a_p2p import TEA2AP2PPlanner
@@ -19,7 +22,7 @@ from dcp.baselines.zigzag import ZigzagPlanner
 
 BASELINES: dict[str, type] = {
     cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronDynCPPlanner, LoongTrainPlanner,
-                              TorchCPPlanner, UlyssesPlanner)
+                              TorchCPPlanner, UlyssesPlanner, MagiPlanner, MagiDynamicPlanner)
 }
 
 
@@ -30,5 +33,5 @@ def default_warm_planners() -> tuple:
             LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
 
 
-__all__ = ["BASELINES", "default_warm_planners", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
+__all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
            "TorchCPPlanner", "UlyssesPlanner", "ZigzagPlanner"]

@@ -27,6 +27,9 @@ the batch's sequences go to the 16/c CP groups greedily by tokens (longest first
 inside a group every sequence runs zigzag ring attention over the group's c devices (``ZigzagPlanner`` on
 the group's sub-batch, ``Cluster(max(1, c // gpn), min(c, gpn))``); attention time = slowest group.
 ``megatron_best`` = the CP size with the least iteration time (grid search, as the paper's baseline).
+``best_tuned`` = every static baseline of ``dcp.baselines`` over the whole DP group at the best point of
+its tuning grid, scored by attention plus the non-attention time of its device with the most tokens
+(``dcp.bench.tuned``); dcp's ``speedup_vs_best_tuned`` is against the faster of it and ``megatron_best``.
 
 dcp: ``dcp.plan`` with its default configuration, told what a training step costs besides attention:
 its cost model is the profile above and ``SearchConfig.token_time_s`` the non-attention seconds per token
@@ -145,6 +148,8 @@ class E2EConfig:
     mfu: float = 0.6
     seed: int = 0
     dcp: DcpOptions = DcpOptions()
+    tuned: bool = True
+    tune_top: int = 2
 
     @property
     def n_devices(self) -> int:
@@ -168,8 +173,10 @@ def _peak_buffer(plan) -> int:
 
 def run_e2e(cfg: E2EConfig) -> list[dict]:
     """Run the grid; one row per (dataset, max_len, mask, planner)."""
-    from dcp.baselines import ZigzagPlanner
+    from dcp.baselines import BASELINES, ZigzagPlanner
+    from dcp.bench.common import BASELINE_NAMES
     from dcp.bench.micro import make_mask
+    from dcp.bench.tuned import tune
     from dcp.data import make_batches
     from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
@@ -221,6 +228,26 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
                                   planning_time_s=round(time.perf_counter() - started, 3)))
         best = min(cell_rows, key=lambda r: r["iteration_s"])
         cell_rows.append(dict(best, planner="megatron_best"))
+        if cfg.tuned:  # every static baseline over the whole DP group at its best knobs (dcp.bench.tuned)
+            started = time.perf_counter()
+            other = lambda layout, home: other_time_s(  # noqa: E731
+                float(np.bincount(home, weights=layout.tb_len, minlength=cfg.n_devices).max()), m, peak, cfg.mfu)
+            got = tune(spec_of(lens, mask_name), cluster, [BASELINES[n]() for n in BASELINE_NAMES],
+                       {cfg.profile: cost}, cfg.tune_top, extra_s=other).get(cfg.profile, {})
+            if got:
+                t = got["best_tuned"]
+                max_tok = float(tokens_per_device(t.plan).max())
+                cell_rows.append(dict(cell, planner="best_tuned", cp_size="", block_size="", chosen=t.label,
+                                      attention_fwd_ms=round(t.fwd.makespan_s * 1e3, 4),
+                                      attention_bwd_ms=round(t.bwd.makespan_s * 1e3, 4),
+                                      attention_ms=round((t.fwd.makespan_s + t.bwd.makespan_s) * 1e3, 4),
+                                      other_ms=round(t.extra_s * 1e3, 4), max_device_tokens=int(max_tok),
+                                      memory_imbalance=round(max_tok * cfg.n_devices / sum(lens), 4),
+                                      peak_buffer_MiB=round(_peak_buffer(t.plan) / 2**20, 3),
+                                      iteration_s=_sig(m.layers * t.total_s),
+                                      planning_time_s=round(time.perf_counter() - started, 3)))
+        opponent = min((r for r in cell_rows if r["planner"] in ("megatron_best", "best_tuned")),
+                       key=lambda r: r["iteration_s"])
         # dcp over the whole DP group, scoring attention plus each device's non-attention work
         config = dcp_config(cfg.profile, cfg.dcp, cost=cost, token_time_s=other_time_s(1.0, m, peak, cfg.mfu))
         started = time.perf_counter()
@@ -241,9 +268,14 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
                               planning_time_s=round(plan_s, 3), chosen=plan.meta.get("search_chosen", ""),
                               **config_fields(config),
                               speedup_vs_megatron_best=round(best["iteration_s"] / _sig(it), 4),
+                              speedup_vs_best_tuned=round(opponent["iteration_s"] / _sig(it), 4),
+                              best_tuned=opponent.get("chosen") or opponent["planner"] + f"(cp={opponent['cp_size']})",
                               megatron_best_cp=best["cp_size"], paper_reference=_paper_ref(dataset, max_len, mask_name)))
         for r in cell_rows:
             r.setdefault("speedup_vs_megatron_best", "")
+            r.setdefault("speedup_vs_best_tuned", "")
+            r.setdefault("best_tuned", "")
+            r.setdefault("chosen", "")
             r.setdefault("megatron_best_cp", "")
             r.setdefault("paper_reference", "")
             rows.append(dict(r, **common))
@@ -251,7 +283,8 @@ def run_e2e(cfg: E2EConfig) -> list[dict]:
 
 
 HEADLINE = ["dataset", "max_len", "mask", "num_seqs", "megatron_best_cp", "block_size", "attention_ms", "other_ms",
-            "memory_imbalance", "peak_buffer_MiB", "iteration_s", "speedup_vs_megatron_best"]
+            "memory_imbalance", "peak_buffer_MiB", "iteration_s", "speedup_vs_megatron_best", "speedup_vs_best_tuned",
+            "best_tuned"]
 
 
 def add_parser(sub) -> None:
@@ -266,6 +299,8 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", default="a100")
     p.add_argument("--mfu", type=float, default=0.6, help="model FLOPs utilisation of the non-attention layers")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-tuned", action="store_true", help="skip the best tuned baseline (dcp.bench.tuned)")
+    p.add_argument("--tune-top", type=int, default=2, help="grid points per baseline simulated (default 2)")
     add_dcp_args(p)
     p.add_argument("--out-dir", default=str(DEFAULT_OUT),
                    help="where the CSV goes (the committed results: --out-dir benchmarks/results)")
@@ -276,7 +311,7 @@ def add_parser(sub) -> None:
 def config_from_args(args) -> E2EConfig:
     kw = dict(datasets=parse_list(args.datasets), max_lens=parse_list(args.max_lens, int), masks=parse_list(args.masks),
               cp_sizes=parse_list(args.cp_sizes, int), profile=args.profile, mfu=args.mfu, seed=args.seed,
-              dcp=options_from_args(args))
+              dcp=options_from_args(args), tuned=not args.no_tuned, tune_top=args.tune_top)
     if args.quick:
         kw.update(QUICK)
     return E2EConfig(**kw)

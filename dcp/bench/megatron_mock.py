@@ -8,7 +8,9 @@ mock's model is a GPT with 12 layers, hidden 2048 and 16 heads; **we compare the
 ``dcp.sim`` — not the whole model, and not Megatron's measured TFLOPS.
 
 Planners: ``megatron_dyncp`` (power-of-two CP groups per sequence, ``max_seqlen_per_rank`` = 2048,
-greedy packing); ``dcp`` (``dcp.plan`` with its default configuration, its cost model set to the simulated
+greedy packing, the current dev scheduler); ``megatron_tuned`` (megatron_dyncp at its best point of its
+tuning grid per batch: ``max_seqlen_per_rank`` 512..4096 x scheduler version); ``best_tuned`` (every
+static baseline at its best knobs, the fastest: ``dcp.bench.tuned``); ``dcp`` (``dcp.plan`` with its default configuration, its cost model set to the simulated
 profile; flags override it for ablations); ``dcp_auto`` (dcp's plan plus zigzag and megatron_dyncp as
 candidates, by simulated time). CSV: ``megatron_mock.csv`` (one row per plan)
 and ``megatron_mock_summary.csv`` (per cluster and profile: mean times and megatron_dyncp / dcp ratios).
@@ -21,7 +23,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from dcp.bench.common import (DEFAULT_OUT, CachedAutoPlanner, DcpOptions, add_dcp_args, auto_fields, config_fields,
+from dcp.bench.common import (BASELINE_NAMES, DEFAULT_OUT, CachedAutoPlanner, DcpOptions, add_dcp_args, auto_fields, config_fields,
                               dcp_config, fmt_table, git_revision, machine, mean, options_from_args, parse_list,
                               plan_quietly, progress, sim_fields, stat_fields, write_csv)
 from dcp.cluster import Cluster
@@ -41,10 +43,13 @@ class MegatronMockConfig:
     dtype: str = "bfloat16"
     seed: int = 0
     dcp: DcpOptions = DcpOptions()
+    tuned: bool = True
+    tune_top: int = 2
 
 
 def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
-    from dcp.baselines import MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.bench.tuned import tune, tuned_row
     from dcp.cost import CostModel
     from dcp.data import make_batches
     from dcp.masks import CausalMask
@@ -67,14 +72,28 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
                     **config_fields(dcp_config("a100", cfg.dcp)))
         mega = MegatronDynCPPlanner(max_seqlen_per_rank=cfg.tokens_per_rank)
         base = {"megatron_dyncp": plan_quietly(mega, spec, cluster), "zigzag": plan_quietly(ZigzagPlanner(), spec, cluster)}
+        costs = {p: CostModel.named(p) for p in cfg.profiles}
+        mega_sims = {p: simulate_both(base["megatron_dyncp"][0], c, record_events=False) for p, c in costs.items()}
+        tuned = {}
+        if cfg.tuned:  # megatron at its best knobs, and every baseline at its best (dcp.bench.tuned)
+            others = [BASELINES[n]() for n in BASELINE_NAMES if n != "megatron_dyncp"]
+            tuned = tune(spec, cluster, [mega, *others], costs, cfg.tune_top,
+                         {"megatron_dyncp": (base["megatron_dyncp"][0], mega_sims)})
         for profile in cfg.profiles:
-            cost = CostModel.named(profile)
+            cost = costs[profile]
             common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
             plan, warns = base["megatron_dyncp"]
-            fwd, bwd = simulate_both(plan, cost, record_events=False)
+            fwd, bwd = mega_sims[profile]
             rows.append(dict(cell, planner="megatron_dyncp", chosen="megatron_dyncp", block_size="",
                              planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd),
                              **stat_fields(plan), candidates="", warnings=len(warns), **common))
+            if tuned.get(profile):
+                mt = tuned[profile]["megatron_dyncp"]
+                rows.append(dict(cell, planner="megatron_tuned", chosen=mt.label, block_size="",
+                                 planning_time_s=round(mt.plan.planning_time_s, 4), **sim_fields(mt.fwd, mt.bwd),
+                                 **stat_fields(mt.plan), candidates=f"{mt.simulated}/{mt.points} grid points simulated",
+                                 warnings=0, **common))
+                rows.append(tuned_row(cell, tuned[profile], common))
             config = dcp_config(profile, cfg.dcp)
             plan, warns = plan_quietly(DCPPlanner(config), spec, cluster)
             fwd, bwd = simulate_both(plan, cost, record_events=False)
@@ -110,7 +129,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                    simulated=True, batches=len({r["batch"] for r in sel}),
                    mean_num_seqs=round(mean(r["num_seqs"] for r in sel if r["planner"] == "megatron_dyncp"), 1))
         t = {}
-        for p in ("megatron_dyncp", "dcp", "dcp_auto"):
+        for p in ("megatron_dyncp", "megatron_tuned", "best_tuned", "dcp", "dcp_auto"):
             ps = [r for r in sel if r["planner"] == p]
             if not ps:
                 continue
@@ -128,6 +147,14 @@ def summarize(rows: list[dict]) -> list[dict]:
                 row[f"{p}_speedup_bwd"] = round(m[1] / t[p][1], 3)
                 row[f"{p}_speedup_iter"] = round(sum(m) / sum(t[p]), 3)
                 row[f"{p}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == p)
+            for ref in ("megatron_tuned", "best_tuned"):  # the opponents at their best knobs
+                if p in t and ref in t:
+                    row[f"{p}_speedup_iter_vs_{ref}"] = round(sum(t[ref]) / sum(t[p]), 3)
+                    row[f"{p}_speedup_fwd_vs_{ref}"] = round(t[ref][0] / t[p][0], 3)
+                    row[f"{p}_speedup_bwd_vs_{ref}"] = round(t[ref][1] / t[p][1], 3)
+        for ref in ("megatron_tuned", "best_tuned"):
+            if ref in t:
+                row[f"{ref}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == ref)
         row["machine"] = sel[0]["machine"]
         out.append(row)
     return out
@@ -141,6 +168,9 @@ def add_parser(sub) -> None:
     p.add_argument("--batches", type=int, default=3)
     p.add_argument("--profiles", default="a100,h100")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-tuned", action="store_true",
+                   help="skip megatron_dyncp at its best knobs and the best tuned baseline (dcp.bench.tuned)")
+    p.add_argument("--tune-top", type=int, default=2, help="grid points per baseline simulated (default 2)")
     add_dcp_args(p)
     p.add_argument("--out-dir", default=str(DEFAULT_OUT),
                    help="where the CSVs go (the committed results: --out-dir benchmarks/results)")
@@ -150,7 +180,8 @@ def add_parser(sub) -> None:
 def cmd_megatron(args) -> int:
     clusters = tuple(tuple(int(x) for x in c.lower().split("x")) for c in parse_list(args.clusters))
     cfg = MegatronMockConfig(clusters=clusters, tokens_per_rank=args.tokens_per_rank, batches=args.batches,
-                             profiles=parse_list(args.profiles), seed=args.seed, dcp=options_from_args(args))
+                             profiles=parse_list(args.profiles), seed=args.seed, dcp=options_from_args(args),
+                             tuned=not args.no_tuned, tune_top=args.tune_top)
     started = time.perf_counter()
     rows = run_megatron_mock(cfg)
     summary = summarize(rows)
@@ -158,8 +189,9 @@ def cmd_megatron(args) -> int:
                  write_csv(Path(args.out_dir) / "megatron_mock_summary.csv", summary)):
         print(f"wrote {path}")
     print("\nSIMULATED attention (fwd+bwd of one layer): megatron_dyncp time / dcp time (> 1: dcp faster)")
-    print(fmt_table(summary, ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
-                              "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_auto_speedup_iter",
-                              "dcp_chosen"]))
+    cols = ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
+            "dcp_speedup_iter_vs_megatron_tuned", "dcp_speedup_iter_vs_best_tuned", "megatron_tuned_chosen",
+            "best_tuned_chosen", "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_chosen"]
+    print(fmt_table(summary, [c for c in cols if c in summary[0]]))
     print(f"\nmegatron mock: {time.perf_counter() - started:.0f} s on {machine()}")
     return 0

@@ -86,6 +86,16 @@ def load_average() -> float:
         return float("nan")
 
 
+def _all_have(plan) -> bool:
+    """Whether rank 0 has a plan to broadcast (every rank learns it, so all skip an inapplicable planner)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if plan is not None else 0])
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
 def _planner(name: str, cfg: RunConfig):
     from dcp.baselines import BASELINES
     from dcp.cost import CostModel
@@ -217,8 +227,18 @@ def run_on_rank(cfg: RunConfig, rank: int, world: int, device) -> list[dict]:
         spec = BatchSpec(list(batch.lengths), batch.masks(), cfg.heads, cfg.kv_heads, cfg.head_dim, dtype=cfg.dtype)
         plans, runs = [], []
         for name in cfg.planners:
-            plan, warns = plan_quietly(_planner(name, cfg), spec, cluster) if rank == 0 else (None, [])
-            plans.append((name, dcp.broadcast_plan(plan, src=0), warns))
+            if rank == 0:
+                try:
+                    plan, warns = plan_quietly(_planner(name, cfg), spec, cluster)
+                except InvalidConfigError as err:  # e.g. Ulysses with more ranks than heads: not applicable
+                    print(f"{name}: not applicable to batch {batch.label} ({err})", flush=True)
+                    plan, warns = None, []
+            else:
+                plan, warns = None, []
+            plan = dcp.broadcast_plan(plan, src=0) if _all_have(plan) else None
+            if plan is None:
+                continue
+            plans.append((name, plan, warns))
             runs.append(PlanRun(plans[-1][1], rank, device, cfg.seed))
         load_before = load_average()
         timed = time_plans(runs, world, device, cfg)

@@ -46,12 +46,14 @@ class Tuned:
     simulated: int  # grid points simulated
     skipped: tuple[str, ...] = field(default=())
 
+    extra_s: float = 0.0  # the score's time besides attention (``tune``'s ``extra_s``)
+
     @property
     def total_s(self) -> float:
-        return self.fwd.makespan_s + self.bwd.makespan_s
+        return self.fwd.makespan_s + self.bwd.makespan_s + self.extra_s
 
 
-def _estimate_s(spec: BatchSpec, cluster: Cluster, parts: StaticParts, cost) -> float:
+def _estimate_s(spec: BatchSpec, cluster: Cluster, parts: StaticParts, cost, extra_s=None) -> float:
     """Estimated forward + backward makespan of a static plan's own schedule (inf for grouped layouts, whose
     pieces the estimate does not model: they are always simulated)."""
     from dcp.cost.estimate import estimate_device_ends_s
@@ -59,7 +61,7 @@ def _estimate_s(spec: BatchSpec, cluster: Cluster, parts: StaticParts, cost) -> 
 
     if parts.layout.grouped:
         return float("inf")
-    total = 0.0
+    total = extra_s(parts.layout, parts.home) if extra_s is not None else 0.0
     for direction in ("forward", "backward"):
         sched = Schedule(direction, parts.tile_stage, parts.routes)
         total += float(estimate_device_ends_s(spec, cluster, parts.layout, parts.tiles, parts.home,
@@ -68,11 +70,14 @@ def _estimate_s(spec: BatchSpec, cluster: Cluster, parts: StaticParts, cost) -> 
 
 
 def tune(spec: BatchSpec, cluster: Cluster, planners: Sequence[Planner], costs: Mapping[str, object],
-         simulate_top: int = 2, defaults: Mapping[str, tuple] | None = None) -> dict[str, dict[str, Tuned]]:
+         simulate_top: int = 2, defaults: Mapping[str, tuple] | None = None,
+         extra_s=None) -> dict[str, dict[str, Tuned]]:
     """``{profile: {planner name: Tuned}}`` for every planner in ``planners`` (its own configuration is the
     default point, always simulated) over its tuning grid, and ``"best_tuned"``: the fastest of them.
     ``costs``: ``{profile: CostModel}``; ``defaults``: ``{name: (plan, {profile: (fwd, bwd)})}`` of default
-    points planned and simulated already (not redone). Planners that serve no point are left out."""
+    points planned and simulated already (not redone); ``extra_s(layout, home) -> seconds``: time a plan
+    costs besides attention (e.g. the linear layers of the device with the most tokens), added to the score
+    that picks the best point. Planners that serve no point are left out."""
     from dcp.sim import simulate_both
 
     out: dict[str, dict[str, Tuned]] = {p: {} for p in costs}
@@ -95,7 +100,7 @@ def tune(spec: BatchSpec, cluster: Cluster, planners: Sequence[Planner], costs: 
         if not parts:
             continue
         for profile, cost in costs.items():
-            est = {i: _estimate_s(spec, cluster, p, cost) for i, (p, _) in parts.items()}
+            est = {i: _estimate_s(spec, cluster, p, cost, extra_s) for i, (p, _) in parts.items()}
             ranked = sorted(est, key=lambda i: (est[i], i))
             chosen = sorted(set(ranked[:simulate_top]) | ({0} if 0 in parts else set()))
             for i in chosen:
@@ -106,10 +111,11 @@ def tune(spec: BatchSpec, cluster: Cluster, planners: Sequence[Planner], costs: 
                     plans[i] = assemble_static(spec, cluster, p, base.name, started)
                     plans[i].meta.update(knobs=label(grid[i]))
                 sims[(i, profile)] = simulate_both(plans[i], cost, record_events=False)
-            best = min(chosen, key=lambda i: (sum(r.makespan_s for r in sims[(i, profile)]), i))
+            plus = (lambda i: extra_s(plans[i].layout, plans[i].home)) if extra_s is not None else (lambda i: 0.0)
+            best = min(chosen, key=lambda i: (sum(r.makespan_s for r in sims[(i, profile)]) + plus(i), i))
             fwd, bwd = sims[(best, profile)]
             out[profile][base.name] = Tuned(grid[best], label(grid[best]), plans[best], fwd, bwd, len(parts),
-                                            len(chosen), tuple(skipped))
+                                            len(chosen), tuple(skipped), plus(best))
     for profile, results in out.items():
         if results:
             winner = min(results.values(), key=lambda t: t.total_s)
