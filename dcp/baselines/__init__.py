@@ -27,10 +27,12 @@ BASELINES: dict[str, type] = {
 
 
 def default_warm_planners() -> tuple:
-    """One instance of every static baseline, per-sequence blocks: the default warm starts of dcp's search
-    (``SearchConfig.warm_starts``)."""
+    """One instance of the static baselines, per-sequence blocks: the default warm starts of dcp's search
+    (``SearchConfig.warm_starts``). Not Ulysses (its placement is ring's: contiguous shards; it differs
+    only in running tiles by head, which dcp's hypergraph candidate already may) nor magi_dynamic (its
+    solver takes longer than the rest of dcp's search on large batches)."""
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
-            LoongTrainPlanner(shards=False), MegatronDynCPPlanner())
+            LoongTrainPlanner(shards=False), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner())
 
 
 __all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
