@@ -102,9 +102,9 @@ def run_micro(cfg: MicroConfig, jobs: int = 1) -> dict[str, list[dict]]:
         import multiprocessing
 
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_cell_rows, cfg, *w) for w in work]
-            for fut in progress(futures, desc=f"micro ({jobs} processes)"):
-                for profile, got in fut.result().items():
+            futures = {w: pool.submit(_cell_rows, cfg, *w) for w in work}
+            for w in progress(work, desc=f"micro ({jobs} processes)"):  # in order: same rows as one process
+                for profile, got in futures[w].result().items():
                     rows[profile].extend(got)
         return rows
     for w in progress(work, desc="micro"):
