@@ -174,7 +174,26 @@ def test_magi_tuning_grid():
     grid = MagiPlanner().tuning_grid(spec, dcp.Cluster(1, 4))
     assert [(g.chunk_size, g.degree) for g in grid] == [(c, d) for c in (512, 1024) for d in (1, 2, 3, 4)]
     assert MagiPlanner(chunk_size=8).tuning_grid(_spec(), dcp.Cluster(1, 4)) == (MagiPlanner(chunk_size=8),)
-    assert MagiPlanner().knobs() == {"chunk_size": None, "degree": 1}
+    assert MagiPlanner().knobs() == {"chunk_size": None, "degree": 1, "hierarchical": False}
+    # on several nodes, inter-node deduplication is a knob of the grid too
+    two = MagiPlanner().tuning_grid(spec, dcp.Cluster(2, 2))
+    assert {g.hierarchical for g in two} == {False, True} and len(two) == 2 * len(grid)
+
+
+def test_magi_hierarchical_crosses_each_node_once():
+    spec = _spec([300, 120, 57])
+    cluster = dcp.Cluster(2, 4)
+    flat = MagiPlanner(chunk_size=32).plan(spec, cluster)
+    dedup = MagiPlanner(chunk_size=32, hierarchical=True).plan(spec, cluster)
+    assert (dedup.home == flat.home).all()  # same dispatch, other routes
+    validate(dedup)
+    assert dedup.stats().comm_bytes_inter_node < flat.stats().comm_bytes_inter_node
+    ins = MagiPlanner(chunk_size=32, hierarchical=True).static_parts(spec, cluster).routes.inputs
+    g = cluster.gpus_per_node
+    cross = ins[ins[:, 3] // g != ins[:, 4] // g]
+    assert np.unique(np.c_[cross[:, :3], cross[:, 4] // g], axis=0).shape[0] == cross.shape[0]
+    with pytest.raises(InvalidConfigError):
+        MagiPlanner(hierarchical=1)
 
 
 def test_default_chunk_size_is_magis_rule():

@@ -184,16 +184,18 @@ def remote_groups(dev: np.ndarray, key: np.ndarray, weight: np.ndarray, remote: 
 
 
 def staged_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_device: np.ndarray,
-                    key: np.ndarray, degree: int) -> tuple[np.ndarray, Routes]:
+                    key: np.ndarray, degree: int, gpus_per_node: int | None = None) -> tuple[np.ndarray, Routes]:
     """Stages and routes of a Magi plan: inputs straight from home, partials straight home, remote work in
     ``degree`` groups ordered by ``key`` (group g's inputs arrive in round g+1; a tile runs once its last
     input is there, so at stage <= g+1). ``degree=0``: every input in round 1 and every tile in stage >= 1
-    (a tile whose inputs are all home has no partial to send, so lifting it changes no route)."""
+    (a tile whose inputs are all home has no partial to send, so lifting it changes no route).
+    ``gpus_per_node``: inter-node deduplication (``direct_schedule``'s hierarchical mode: a block enters a
+    remote node once and is relayed inside, one round later)."""
     dev = np.asarray(tile_device, dtype=np.int64)
     remote = (home[tiles.q_tb] != dev) | (home[tiles.kv_tb] != dev)
     group = remote_groups(dev, key, tiles.unmasked, remote, max(degree, 1))
     want = np.maximum(group, 0) + 1
-    stage, routes = direct_schedule(layout, tiles, home, dev, want, want)
+    stage, routes = direct_schedule(layout, tiles, home, dev, want, want, gpus_per_node=gpus_per_node)
     if degree == 0:
         stage = np.maximum(stage, 1)
     return stage, routes
@@ -215,17 +217,23 @@ class MagiPlanner(Planner):
     docstring).
 
     ``chunk_size``: tokens per dispatch chunk (None: ``ceil(total / (8 * P))``, Magi v1.1.1's default).
-    ``degree``: remote overlap stages (1; 0 = no overlap).
-    Tuning grid: chunk_size in {512, 1024, 1536, 2048, 4096} x degree in {1, 2, 3, 4}, dropping chunk
-    sizes that give fewer chunks than devices (when every size does, the grid is this planner alone)."""
+    ``degree``: remote overlap stages (1; 0 = no overlap). ``hierarchical``: Magi's inter-node
+    deduplication (a KV block crosses into a remote node once and is forwarded inside it; Magi needs
+    IBGDA-capable NICs for it, so it is off by default).
+    Tuning grid: chunk_size in {512, 1024, 1536, 2048, 4096} x degree in {1, 2, 3, 4} (x hierarchical on
+    several nodes), dropping chunk sizes that give fewer chunks than devices (when every size does, the
+    grid is this planner alone)."""
 
     chunk_size: int | None = None
     degree: int = 1
+    hierarchical: bool = False
     name = "magi"
 
     def __post_init__(self):
         check_chunk_size(self.chunk_size)
         check_degree(self.degree)
+        if not isinstance(self.hierarchical, bool):
+            raise InvalidConfigError(f"hierarchical must be True or False, got {self.hierarchical!r}")
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         started = time.perf_counter()
@@ -256,7 +264,7 @@ class MagiPlanner(Planner):
         home = chunk_rank[chunk]
         tile_device = home[tiles.q_tb]
         tile_stage, routes = staged_schedule(layout, tiles, home, tile_device, tiles.kv_tb.astype(np.int64),
-                                             self.degree)
+                                             self.degree, cluster.gpus_per_node if self.hierarchical else None)
         rank_area = np.bincount(chunk_rank, weights=chunk_area, minlength=p)
         per_rank = np.bincount(chunk_rank, minlength=p)
         imbalance = float(rank_area.max() / max(rank_area.mean(), 1e-300))
@@ -272,5 +280,6 @@ class MagiPlanner(Planner):
 
     def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple[Planner, ...]:
         sizes = [c for c in CHUNK_GRID if n_chunks(spec.total_tokens, c) >= cluster.n_devices]
-        grid = tuple(MagiPlanner(c, d) for c in sizes for d in DEGREE_GRID)
+        dedup = (False, True) if cluster.nodes > 1 else (False,)
+        grid = tuple(MagiPlanner(c, d, h) for c in sizes for d in DEGREE_GRID for h in dedup)
         return grid or (self,)
