@@ -8,7 +8,7 @@ import pytest
 
 import dcp
 import dcp.masks as M
-from dcp.baselines import BASELINES, RingPlanner, TEA2AP2PPlanner, ZigzagPlanner
+from dcp.baselines import MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner, ZigzagPlanner, default_warm_planners
 from dcp.cost import CostModel
 from dcp.planner.pack import _clamp_cuts, pack, zigzag_cuts
 from dcp.sim import simulate_both
@@ -105,8 +105,11 @@ def test_dcp_is_never_slower_than_a_static_plan_it_starts_from(lens, mask, block
     assert {"ring", "zigzag", "te_a2a_p2p", "megatron_dyncp"} <= set(warm)
     fwd, bwd = simulate_both(plan, CPU, record_events=False)
     mine = fwd.makespan_s + bwd.makespan_s
+    planners = {p.label(): p for p in default_warm_planners()}  # several points of one grid have labels
+    # and Megatron's packer capped at dcp's token budget
+    planners.update({p.label(): p for p in [MegatronDynCPPlanner(int(plan.meta["token_budget"]))]})
     for name in warm:
-        other = BASELINES[name]().plan(spec, cluster)
+        other = planners[name].plan(spec, cluster)
         if other.stats().memory_imbalance > 1.1 + 1e-9:
             continue  # outside dcp's memory budget: not a plan dcp may choose
         f, b = simulate_both(other, CPU, record_events=False)

@@ -113,12 +113,13 @@ def test_dcp_is_not_slower_than_its_warm_starts(i):
     rows = rows_of(i)
     d = rows["dcp"]
     warm = [w for w in d["search_warm_starts"].split(",") if w]
-    assert set(warm) <= set(PLANNERS) - {"dcp"}, warm
+    # a warm start is a baseline at its defaults ("magi") or at other knobs ("magi(chunk_size=1024 degree=2)")
+    assert {w.split("(")[0] for w in warm} <= set(PLANNERS) - {"dcp"}, warm
     if d["memory_budget_warning"]:
         pytest.skip("dcp warned about its memory budget: it chose by memory, not time")
     slower = []
     for name in warm:
-        b = rows.get(name)
+        b = rows.get(name)  # the rows hold each baseline at its defaults: other grid points have no row
         if b is None or b["error"] or not b["within_dcp_memory_budget"]:
             continue  # not planned here, or a placement outside the budget dcp's search must respect
         # dcp chooses by its estimate (dcp.sim.estimate), the rows are scored by the full simulator: allow

@@ -36,7 +36,7 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase
     aliases: list[tuple[str, str]] = []
     seen: dict = {}  # label -> parts of the warm starts evaluated so far
     for planner, suffix in _with_token_caps(planners, token_budget):
-        name = planner.name
+        name = planner.label()  # several points of one planner's grid may start the search
         try:
             n_tiles = planner.estimated_tiles(spec, cluster)
             if n_tiles > max_tiles:

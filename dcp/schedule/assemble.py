@@ -58,6 +58,15 @@ class Planner(abc.ABC):
         this planner as it is; planners with knobs state their grid in their docstring)."""
         return (self,)
 
+    def label(self) -> str:
+        """``name``, with the knobs set away from their defaults: ``magi(chunk_size=1024 degree=2)``
+        (``shards``, a layout choice, is left out)."""
+        if not dataclasses.is_dataclass(self):
+            return self.name
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                   if f.name != "shards" and f.default is not dataclasses.MISSING and getattr(self, f.name) != f.default]
+        return self.name + (f"({' '.join(changed)})" if changed else "")  # no commas: labels are listed comma-separated
+
     def knobs(self) -> dict:
         """This planner's knob values (its dataclass fields), for tables and plan metadata."""
         if not dataclasses.is_dataclass(self):
