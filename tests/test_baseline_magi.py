@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import dcp
+from _dense import assert_matches_dense, dense_case
 from dcp.baselines.magi import MagiPlanner, min_heap_dispatch, remote_groups
 from dcp.baselines.magi_dynamic import MagiDynamicPlanner
 from dcp.errors import InvalidConfigError
-from dcp.execute import ReferenceExecutor, reference_attention
 from dcp.ir.validate import validate
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
 
@@ -288,18 +288,7 @@ def test_dense_exact(name, mask, cluster):
     planner = MagiPlanner(chunk_size=4, degree=2) if name == "magi" else MagiDynamicPlanner(5, 3, 1.05)
     plan = planner.plan(spec, cl)
     assert plan.stats().comm_bytes_total > 0
-    g = torch.Generator().manual_seed(7)
-    t = spec.total_tokens
-    q, k, v, do = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o_ref = reference_attention(*leaves, spec)
-    grads_ref = torch.autograd.grad(o_ref, leaves, do)
-    ex = ReferenceExecutor()
-    o, lse = ex.run_forward(plan, q, k, v)
-    grads = ex.run_backward(plan, q, k, v, o, lse, do)
-    assert float((o - o_ref.detach()).abs().max()) < 1e-10
-    for got, want in zip(grads, grads_ref):
-        assert float((got - want).abs().max()) < 1e-10
+    assert_matches_dense(plan, seed=7)
 
 
 # ---------------------------------------------------------------------------------- distributed
@@ -315,12 +304,7 @@ def _rank_errors(rank, world):
     out = {}
     for plan in _dist_plans():
         spec = plan.spec
-        g = torch.Generator().manual_seed(0)
-        t = spec.total_tokens
-        q, k, v, do = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        o_ref = reference_attention(*leaves, spec)
-        g_ref = torch.autograd.grad(o_ref, leaves, do)
+        q, k, v, do, o_ref, g_ref = dense_case(spec, seed=0)
         ql, kl, vl = (dcp.dispatch(plan, rank, x).requires_grad_() for x in (q, k, v))
         o = dcp.attention(ql, kl, vl, plan, timeout=30)
         o.backward(dcp.dispatch(plan, rank, do))

@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 
 import dcp
+from _dense import assert_matches_dense, dense_case
 from _spawn import run_ranks
 from dcp.baselines.common import near_equal_chunks
 from dcp.baselines.torch_cp import TorchCPPlanner, ptrr_ranks
 from dcp.baselines.ulysses import UlyssesPlanner
 from dcp.errors import InvalidConfigError
-from dcp.execute import ReferenceExecutor, reference_attention
 from dcp.ir.validate import validate
 from dcp.layout.units import Kind, bytes_per_token
 from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
@@ -208,25 +208,10 @@ def test_ulysses_moves_what_deepspeed_moves():
 
 
 # -------------------------------------------------------------------------------- (3) exactness
-EXEC = ReferenceExecutor()
 
 
 def _exact(plan):
-    spec = plan.spec
-    g = torch.Generator().manual_seed(11)
-    t = spec.total_tokens
-    q = torch.randn(t, spec.num_heads, 8, generator=g, dtype=torch.float64)
-    k = torch.randn(t, spec.num_kv_heads, 8, generator=g, dtype=torch.float64)
-    v = torch.randn(t, spec.num_kv_heads, 8, generator=g, dtype=torch.float64)
-    do = torch.randn(t, spec.num_heads, 8, generator=g, dtype=torch.float64)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o_ref = reference_attention(*leaves, spec)
-    grads_ref = torch.autograd.grad(o_ref, leaves, do)
-    o, lse = EXEC.run_forward(plan, q, k, v)
-    grads = EXEC.run_backward(plan, q, k, v, o, lse, do)
-    assert float((o - o_ref.detach()).abs().max()) < 1e-10
-    for got, want in zip(grads, grads_ref):
-        assert float((got - want).abs().max()) < 1e-10
+    assert_matches_dense(plan, seed=11)
 
 
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: m.name)
@@ -258,15 +243,7 @@ def _scenario_distributed(rank, world):
     out = {}
     for name, plan in _dist_plans().items():
         spec = plan.spec
-        g = torch.Generator().manual_seed(5)
-        t = spec.total_tokens
-        q = torch.randn(t, 4, 8, generator=g, dtype=torch.float64)
-        k = torch.randn(t, 2, 8, generator=g, dtype=torch.float64)
-        v = torch.randn(t, 2, 8, generator=g, dtype=torch.float64)
-        do = torch.randn(t, 4, 8, generator=g, dtype=torch.float64)
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        o_ref = reference_attention(*leaves, spec)
-        g_ref = torch.autograd.grad(o_ref, leaves, do)
+        q, k, v, do, o_ref, g_ref = dense_case(spec, seed=5)
         sl = lambda x: dcp.dispatch(plan, rank, x)  # noqa: E731
         ql, kl, vl = (sl(x).requires_grad_() for x in (q, k, v))
         o = dcp.attention(ql, kl, vl, plan, timeout=20)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import dcp
+from _dense import assert_matches_dense
 from dcp.baselines.common import BlockBuilder, direct_schedule, near_equal_chunks
-from dcp.execute import ReferenceExecutor, reference_attention
 from dcp.ir.validate import validate
 from dcp.layout.tiles import enumerate_tiles
 from dcp.masks import CausalMask, LambdaMask
@@ -54,18 +54,7 @@ def test_direct_plans_are_exact(tile_on_kv, extra):
     # one delivery per (side, unit, device)
     assert np.unique(ins[:, [0, 1, 2, 4]], axis=0).shape[0] == ins.shape[0]
     assert (routes.outputs[:, 4] == plan.home[routes.outputs[:, 1]]).all()  # partials go straight home
-    g = torch.Generator().manual_seed(3)
-    t = spec.total_tokens
-    q, k, v, do = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4))
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o_ref = reference_attention(*leaves, spec)
-    grads_ref = torch.autograd.grad(o_ref, leaves, do)
-    ex = ReferenceExecutor()
-    o, lse = ex.run_forward(plan, q, k, v)
-    grads = ex.run_backward(plan, q, k, v, o, lse, do)
-    assert float((o - o_ref.detach()).abs().max()) < 1e-10
-    for got, want in zip(grads, grads_ref):
-        assert float((got - want).abs().max()) < 1e-10
+    assert_matches_dense(plan, seed=3)
 
 
 def test_all_gather_charges_every_unit_everywhere():
@@ -127,13 +116,4 @@ def test_hierarchical_crosses_each_node_once_and_stays_exact(tile_on_kv):
     assert plan.stats().comm_bytes_inter_node < flat.stats().comm_bytes_inter_node
     out = routes.outputs
     assert (out[out[:, 3] // g != out[:, 4] // g][:, 4] == plan.home[out[out[:, 3] // g != out[:, 4] // g][:, 1]]).all()
-    gen = torch.Generator().manual_seed(5)
-    t = spec.total_tokens
-    q, k, v, do = (torch.randn(t, h, 8, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    o_ref = reference_attention(*leaves, spec)
-    grads_ref = torch.autograd.grad(o_ref, leaves, do)
-    ex = ReferenceExecutor()
-    o, lse = ex.run_forward(plan, q, k, v)
-    for got, want in zip((o, *ex.run_backward(plan, q, k, v, o, lse, do)), (o_ref.detach(), *grads_ref)):
-        assert float((got - want).abs().max()) < 1e-10
+    assert_matches_dense(plan, seed=5)

@@ -209,8 +209,28 @@ def stage_notes(planner: str, degree: int) -> tuple[str, ...]:
 
 
 # ------------------------------------------------------------------------------------------ planner
+class SolvedPlanner(Planner):
+    """Both Magi planners: ``_solve(spec, cluster) -> (StaticParts, meta)`` places and schedules; the plan
+    carries the knobs and the solver's figures in ``meta``."""
+
+    def _solve(self, spec: BatchSpec, cluster: Cluster) -> tuple[StaticParts, dict]:
+        raise NotImplementedError
+
+    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        started = time.perf_counter()
+        check_inputs(spec, cluster)
+        parts, meta = self._solve(spec, cluster)
+        plan = assemble_static(spec, cluster, parts, self.name, started)
+        plan.meta.update(self.knobs(), **meta)
+        return plan
+
+    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
+        return self._solve(spec, cluster)[0]
+
+
+
 @dataclass(frozen=True)
-class MagiPlanner(Planner):
+class MagiPlanner(SolvedPlanner):
     """MagiAttention v1.1, static solver: ``chunk_size``-token chunks of the packed stream dispatched to
     ranks by the min-heap greedy on mask area (equal chunk counts), tiles on their q chunk's rank, KV
     multicast from home and dKV reduced straight home, remote KV in ``degree`` overlap stages (module
@@ -234,17 +254,6 @@ class MagiPlanner(Planner):
         check_degree(self.degree)
         if not isinstance(self.hierarchical, bool):
             raise InvalidConfigError(f"hierarchical must be True or False, got {self.hierarchical!r}")
-
-    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
-        started = time.perf_counter()
-        check_inputs(spec, cluster)
-        parts, meta = self._solve(spec, cluster)
-        plan = assemble_static(spec, cluster, parts, self.name, started)
-        plan.meta.update(self.knobs(), **meta)
-        return plan
-
-    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
-        return self._solve(spec, cluster)[0]
 
     def _solve(self, spec: BatchSpec, cluster: Cluster) -> tuple[StaticParts, dict]:
         p = cluster.n_devices

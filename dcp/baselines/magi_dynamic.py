@@ -45,19 +45,17 @@ in another order).
 from __future__ import annotations
 
 import math
-import time
 from bisect import insort
 from dataclasses import dataclass
 
 import numpy as np
 
-from dcp.baselines.magi import (blocks_per_seq, causal_bound, check_chunk_size, check_degree, global_cuts,
-                                layout_from_cuts, resolve_chunk_size, stage_notes, staged_schedule)
+from dcp.baselines.magi import (SolvedPlanner, blocks_per_seq, causal_bound, check_chunk_size, check_degree,
+                                global_cuts, layout_from_cuts, resolve_chunk_size, stage_notes, staged_schedule)
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
-from dcp.ir.plan import Plan
 from dcp.layout.tiles import enumerate_tiles
-from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_inputs
+from dcp.schedule.assemble import Planner, StaticParts
 from dcp.spec import BatchSpec
 
 MAX_TRIES = 20  # binary search steps
@@ -236,7 +234,7 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
 
 
 @dataclass(frozen=True)
-class MagiDynamicPlanner(Planner):
+class MagiDynamicPlanner(SolvedPlanner):
     """MagiAttention's dynamic solver: contiguous token shards stay home, every tile (all heads) placed on
     a rank holding or receiving both its q and kv blocks under a compute cap ``mu`` x mean, with the
     smallest per-rank send + receive volume the binary-greedy search finds (module docstring).
@@ -259,17 +257,6 @@ class MagiDynamicPlanner(Planner):
                 or not math.isfinite(mu) or mu < 1.0:
             raise InvalidConfigError(f"mu must be a finite number >= 1 (per-rank compute cap over the mean), "
                                      f"got {mu!r}")
-
-    def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
-        started = time.perf_counter()
-        check_inputs(spec, cluster)
-        parts, meta = self._solve(spec, cluster)
-        plan = assemble_static(spec, cluster, parts, self.name, started)
-        plan.meta.update(self.knobs(), **meta)
-        return plan
-
-    def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
-        return self._solve(spec, cluster)[0]
 
     def _solve(self, spec: BatchSpec, cluster: Cluster) -> tuple[StaticParts, dict]:
         p = cluster.n_devices
