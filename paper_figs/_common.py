@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FIGS = Path(__file__).resolve().parent
 
-PLANNERS = ("dcp", "dcp_auto", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp")
-COLORS = {"dcp": "#d62728", "dcp_auto": "#ff9896", "ring": "#7f7f7f", "zigzag": "#1f77b4",
-          "te_a2a_p2p": "#2ca02c", "loongtrain": "#9467bd", "megatron_dyncp": "#8c564b"}
+PLANNERS = ("dcp", "dcp_auto", "best_tuned", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp",
+            "ulysses", "magi", "magi_dynamic")
+COLORS = {"dcp": "#d62728", "dcp_auto": "#ff9896", "best_tuned": "#000000", "ring": "#7f7f7f", "zigzag": "#1f77b4",
+          "te_a2a_p2p": "#2ca02c", "loongtrain": "#9467bd", "megatron_dyncp": "#8c564b", "torch_cp": "#e377c2",
+          "ulysses": "#bcbd22", "magi": "#17becf", "magi_dynamic": "#aec7e8"}
 DATASET_TITLES = {"longalign": "LongAlign (synthetic)", "ldc": "Long-Data-Collections (synthetic)"}
 
 
