@@ -86,7 +86,11 @@ def test_native_matches_python(name, cluster, large_fills):
     lens = [37, 5, 21, 2] if cluster[0] * cluster[1] <= 8 else [301, 45, 170, 96, 12]
     for mask in MASKS:
         spec = dcp.BatchSpec(lens, mask, 4, 2, 8, dtype="float64")
-        plan = PLANNERS[name].plan(spec, dcp.Cluster(*cluster))
+        try:
+            plan = PLANNERS[name].plan(spec, dcp.Cluster(*cluster))
+        except dcp.InvalidConfigError as err:  # Ulysses: 4 heads over more devices than that
+            assert name == "ulysses", err
+            pytest.skip(str(err))
         for prof, nic in PROFILES:
             _compare(plan, CostModel.named(prof), nic, f"{name} {cluster} {mask.name} {prof}/{nic}")
 
