@@ -136,9 +136,4 @@ def tuned_row(cell: dict, results: Mapping[str, Tuned], common: dict) -> dict:
                 **sim_fields(best.fwd, best.bwd), **stat_fields(best.plan), candidates=each, warnings=0, **common)
 
 
-def grid_sizes(spec: BatchSpec, cluster: Cluster, planners: Sequence[Planner]) -> dict[str, int]:
-    """Grid points per planner for this batch (for logs and the README's grid table)."""
-    return {p.name: len(set(p.tuning_grid(spec, cluster)) | {p}) for p in planners}
-
-
-__all__ = ["Tuned", "tune", "tuned_row", "label", "grid_sizes"]
+__all__ = ["Tuned", "tune", "tuned_row", "label"]
