@@ -172,9 +172,14 @@ def test_magi_too_few_chunks_is_named():
 def test_magi_tuning_grid():
     spec = _spec([1500, 700, 900])  # 3100 tokens: 512 gives 7 chunks, 1024 gives 4
     grid = MagiPlanner().tuning_grid(spec, dcp.Cluster(1, 4))
-    assert [(g.chunk_size, g.degree) for g in grid] == [(c, d) for c in (512, 1024) for d in (1, 2, 3, 4)]
-    assert MagiPlanner(chunk_size=8).tuning_grid(_spec(), dcp.Cluster(1, 4)) == (MagiPlanner(chunk_size=8),)
-    assert MagiPlanner().knobs() == {"chunk_size": None, "degree": 1, "hierarchical": False}
+    sized = [(c, d) for c in (512, 1024) for d in (1, 2, 3, 4)]
+    per_rank = [(None, d, k) for k in (2, 3, 4, 6) for d in (1, 2, 3, 4)]
+    assert [(g.chunk_size, g.degree) for g in grid[:len(sized)]] == sized
+    assert [(g.chunk_size, g.degree, g.chunks_per_rank) for g in grid[len(sized):]] == per_rank
+    # 65 tokens: no chunk size of the grid gives 4 chunks, chunks per rank do; 26 tokens on 8 devices: 2, 3
+    assert {g.chunks_per_rank for g in MagiPlanner(chunk_size=8).tuning_grid(_spec(), dcp.Cluster(1, 4))} == {2, 3, 4, 6}
+    assert {g.chunks_per_rank for g in MagiPlanner().tuning_grid(_spec([20, 6]), dcp.Cluster(1, 8))} == {2, 3}
+    assert MagiPlanner().knobs() == {"chunk_size": None, "degree": 1, "hierarchical": False, "chunks_per_rank": None}
     # on several nodes, inter-node deduplication is a knob of the grid too
     two = MagiPlanner().tuning_grid(spec, dcp.Cluster(2, 2))
     assert {g.hierarchical for g in two} == {False, True} and len(two) == 2 * len(grid)
@@ -204,6 +209,69 @@ def test_default_chunk_size_is_magis_rule():
         assert plan.meta["chunk_tokens"] == 3 and plan.meta["chunk_size"] is None
         assert plan.layout.tb_len.max() <= 3
     assert MagiPlanner().plan(spec, dcp.Cluster(1, 3)).meta["n_chunks"] == 22
+
+
+def test_chunks_per_rank():
+    # k chunks of ceil(total / (k * P)) tokens per rank: every rank holds k chunks, within one chunk of the mean
+    spec = _spec([1500, 700, 900])
+    cluster = dcp.Cluster(1, 4)
+    for k in (1, 2, 3, 5):
+        plan = MagiPlanner(chunks_per_rank=k, degree=2).plan(spec, cluster)
+        size = math.ceil(3100 / (4 * k))
+        assert plan.meta["chunk_tokens"] == size and plan.meta["chunks_per_rank"] == k
+        assert np.bincount(plan.meta["chunk_rank"], minlength=4).max() <= k
+        tokens = np.bincount(plan.home, weights=plan.layout.tb_len, minlength=4)
+        assert tokens.max() <= 3100 / 4 + size
+        validate(plan)
+    assert MagiPlanner(chunks_per_rank=3).label() == "magi(chunks_per_rank=3)"
+    assert MagiPlanner(chunks_per_rank=8).plan(spec, cluster).home.tolist() == MagiPlanner().plan(spec, cluster).home.tolist()
+    for bad in (0, -2, 1.5, True, "4"):
+        with pytest.raises(InvalidConfigError, match="chunks_per_rank"):
+            MagiPlanner(chunks_per_rank=bad)
+    with pytest.raises(InvalidConfigError, match="not both"):
+        MagiPlanner(chunk_size=64, chunks_per_rank=2)
+
+
+@pytest.mark.parametrize("planner", [MagiPlanner(chunk_size=24, degree=3, hierarchical=True),
+                                     MagiPlanner(chunks_per_rank=4), MagiDynamicPlanner(16, 1, 1.05)],
+                         ids=lambda p: p.label())
+def test_schedule_variants_are_the_planner_at_other_degrees(planner):
+    import dataclasses
+
+    from dcp.baselines.magi import VARIANT_DEGREES
+    from dcp.schedule.assemble import assemble_static
+
+    spec = _spec([300, 120, 57], mask=SharedQuestionMask(0.3, 2))
+    cluster = dcp.Cluster(2, 2)
+    parts = planner.static_parts(spec, cluster)
+    variants = planner.schedule_variants(spec, cluster, parts)
+    degrees = [d for d in VARIANT_DEGREES if d != planner.degree]
+    assert len(variants) == len(degrees) > 0
+    for degree, var in zip(degrees, variants):
+        same = dataclasses.replace(planner, degree=degree).static_parts(spec, cluster)
+        assert np.array_equal(var.home, parts.home) and np.array_equal(var.tile_device, parts.tile_device)
+        assert np.array_equal(var.tile_stage, same.tile_stage)
+        assert _rows(var.routes.inputs) == _rows(same.routes.inputs)
+        assert _rows(var.routes.outputs) == _rows(same.routes.outputs)
+        validate(assemble_static(spec, cluster, var, planner.name, 0.0))
+
+
+def test_search_takes_the_best_own_schedule_per_direction():
+    from dcp.cost import CostModel
+    from dcp.planner.candidates import evaluate
+
+    spec = _spec([300, 120, 57])
+    cluster = dcp.Cluster(2, 2)
+    cost = CostModel.named("h100")
+    planner = MagiPlanner(chunk_size=24, degree=3)
+    parts = planner.static_parts(spec, cluster)
+    own = (parts, *planner.schedule_variants(spec, cluster, parts))
+    args = (spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost, (), True)
+    alone = [evaluate("x", *args, own=o) for o in own]
+    both = evaluate("x", *args, own=own)
+    assert both.forward_s == min(c.forward_s for c in alone)
+    assert both.backward_s == min(c.backward_s for c in alone)
+    assert all(s <= 0 for s in both.stages)
 
 
 # ------------------------------------------------------------------------------- magi_dynamic

@@ -57,8 +57,12 @@ from dcp.schedule.assemble import Planner, StaticParts, assemble_static, check_i
 from dcp.schedule.stages import Routes
 from dcp.spec import BatchSpec
 
-#: the tuning grid of ``MagiPlanner`` (Magi's blog: degree is tuned by hand in {1, 2, 3, 4})
+#: the tuning grid of ``MagiPlanner`` (Magi's blog: degree is tuned by hand in {1, 2, 3, 4}); chunk sizes as
+#: tokens, and as chunks per rank (v1.1.1's ``MAGI_ATTENTION_MIN_CHUNKS_PER_RANK``, whose default is 8)
 CHUNK_GRID = (512, 1024, 1536, 2048, 4096)
+CHUNKS_PER_RANK_GRID = (2, 3, 4, 6)
+#: overlap degrees dcp's search also estimates a Magi placement at (``SolvedPlanner.schedule_variants``)
+VARIANT_DEGREES = (2, 4)
 DEGREE_GRID = (1, 2, 3, 4)
 
 
@@ -77,11 +81,24 @@ def check_chunk_size(chunk_size) -> None:
                                  f"ceil(total / (8 * ranks))), got {chunk_size!r}")
 
 
-def resolve_chunk_size(chunk_size: int | None, total_tokens: int, n_ranks: int) -> int:
-    """The chunk size in tokens: as given, or (None) Magi v1.1.1's ``ceil(total / (8 * ranks))``."""
+def check_chunks_per_rank(chunks_per_rank, chunk_size) -> None:
+    if chunks_per_rank is None:
+        return
+    if not _is_int(chunks_per_rank) or chunks_per_rank <= 0:
+        raise InvalidConfigError(f"chunks_per_rank must be a positive int or None, got {chunks_per_rank!r}")
+    if chunk_size is not None:
+        raise InvalidConfigError(f"give chunk_size ({chunk_size}) or chunks_per_rank ({chunks_per_rank}), not both: "
+                                 "chunks_per_rank sets the chunk size to ceil(total / (chunks_per_rank * ranks))")
+
+
+def resolve_chunk_size(chunk_size: int | None, total_tokens: int, n_ranks: int,
+                       chunks_per_rank: int | None = None) -> int:
+    """The chunk size in tokens: as given, or (None) ``ceil(total / (k * ranks))`` with ``k =
+    chunks_per_rank`` (None: Magi v1.1.1's ``MAGI_ATTENTION_MIN_CHUNKS_PER_RANK``, 8)."""
     if chunk_size is not None:
         return int(chunk_size)
-    return max(1, -(-int(total_tokens) // (MIN_CHUNKS_PER_RANK * n_ranks)))
+    k = MIN_CHUNKS_PER_RANK if chunks_per_rank is None else int(chunks_per_rank)
+    return max(1, -(-int(total_tokens) // (k * n_ranks)))
 
 
 def check_degree(degree) -> None:
@@ -227,6 +244,25 @@ class SolvedPlanner(Planner):
     def static_parts(self, spec: BatchSpec, cluster: Cluster) -> StaticParts:
         return self._solve(spec, cluster)[0]
 
+    def _stage_key(self, layout: BlockLayout, tiles: TileSet) -> np.ndarray:
+        """The order in which a rank's remote tiles are cut into overlap groups (``remote_groups``)."""
+        raise NotImplementedError
+
+    def _dedup_gpus(self, cluster: Cluster) -> int | None:
+        return None
+
+    def schedule_variants(self, spec: BatchSpec, cluster: Cluster, parts: StaticParts) -> tuple[StaticParts, ...]:
+        """``parts`` restaged at the other overlap degrees of ``VARIANT_DEGREES`` (placement unchanged)."""
+        out = []
+        for degree in VARIANT_DEGREES:
+            if degree == self.degree:
+                continue
+            stage, routes = staged_schedule(parts.layout, parts.tiles, parts.home, parts.tile_device,
+                                            self._stage_key(parts.layout, parts.tiles), degree,
+                                            self._dedup_gpus(cluster))
+            out.append(parts._replace(tile_stage=stage, routes=routes))
+        return tuple(out)
+
 
 
 @dataclass(frozen=True)
@@ -236,28 +272,32 @@ class MagiPlanner(SolvedPlanner):
     multicast from home and dKV reduced straight home, remote KV in ``degree`` overlap stages (module
     docstring).
 
-    ``chunk_size``: tokens per dispatch chunk (None: ``ceil(total / (8 * P))``, Magi v1.1.1's default).
-    ``degree``: remote overlap stages (1; 0 = no overlap). ``hierarchical``: Magi's inter-node
-    deduplication (a KV block crosses into a remote node once and is forwarded inside it; Magi needs
-    IBGDA-capable NICs for it, so it is off by default).
-    Tuning grid: chunk_size in {512, 1024, 1536, 2048, 4096} x degree in {1, 2, 3, 4} (x hierarchical on
-    several nodes), dropping chunk sizes that give fewer chunks than devices (when every size does, the
-    grid is this planner alone)."""
+    ``chunk_size``: tokens per dispatch chunk (None: ``ceil(total / (k * P))`` with ``k = chunks_per_rank``,
+    8 when None: Magi v1.1.1's default). ``degree``: remote overlap stages (1; 0 = no overlap).
+    ``hierarchical``: Magi's inter-node deduplication (a KV block crosses into a remote node once and is
+    forwarded inside it; Magi needs IBGDA-capable NICs for it, so it is off by default).
+    ``chunks_per_rank``: v1.1.1's ``MAGI_ATTENTION_MIN_CHUNKS_PER_RANK`` (exclusive with ``chunk_size``):
+    every rank then gets k chunks of one size, so resident tokens stay within a chunk of the mean.
+    Tuning grid: (chunk_size in {512, 1024, 1536, 2048, 4096}, or chunks_per_rank in {2, 3, 4, 6}) x degree
+    in {1, 2, 3, 4} (x hierarchical on several nodes), dropping chunk sizes that give fewer chunks than
+    devices (when every size does, the grid is this planner alone)."""
 
     chunk_size: int | None = None
     degree: int = 1
     hierarchical: bool = False
+    chunks_per_rank: int | None = None
     name = "magi"
 
     def __post_init__(self):
         check_chunk_size(self.chunk_size)
+        check_chunks_per_rank(self.chunks_per_rank, self.chunk_size)
         check_degree(self.degree)
         if not isinstance(self.hierarchical, bool):
             raise InvalidConfigError(f"hierarchical must be True or False, got {self.hierarchical!r}")
 
     def _solve(self, spec: BatchSpec, cluster: Cluster) -> tuple[StaticParts, dict]:
         p = cluster.n_devices
-        size = resolve_chunk_size(self.chunk_size, spec.total_tokens, p)
+        size = resolve_chunk_size(self.chunk_size, spec.total_tokens, p, self.chunks_per_rank)
         n = n_chunks(spec.total_tokens, size)
         if n < p:
             raise InvalidConfigError(
@@ -272,8 +312,8 @@ class MagiPlanner(SolvedPlanner):
         chunk_rank = min_heap_dispatch(chunk_area, p)
         home = chunk_rank[chunk]
         tile_device = home[tiles.q_tb]
-        tile_stage, routes = staged_schedule(layout, tiles, home, tile_device, tiles.kv_tb.astype(np.int64),
-                                             self.degree, cluster.gpus_per_node if self.hierarchical else None)
+        tile_stage, routes = staged_schedule(layout, tiles, home, tile_device, self._stage_key(layout, tiles),
+                                             self.degree, self._dedup_gpus(cluster))
         rank_area = np.bincount(chunk_rank, weights=chunk_area, minlength=p)
         per_rank = np.bincount(chunk_rank, minlength=p)
         imbalance = float(rank_area.max() / max(rank_area.mean(), 1e-300))
@@ -282,8 +322,14 @@ class MagiPlanner(SolvedPlanner):
         meta = {"chunk_tokens": size, "n_chunks": n, "area_imbalance": imbalance, "chunk_rank": chunk_rank.tolist()}
         return StaticParts(layout, tiles, home, tile_device, tile_stage, routes, notes), meta
 
+    def _stage_key(self, layout: BlockLayout, tiles: TileSet) -> np.ndarray:
+        return tiles.kv_tb.astype(np.int64)  # remote KV blocks in token order
+
+    def _dedup_gpus(self, cluster: Cluster) -> int | None:
+        return cluster.gpus_per_node if self.hierarchical else None
+
     def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
-        size = resolve_chunk_size(self.chunk_size, spec.total_tokens, cluster.n_devices)
+        size = resolve_chunk_size(self.chunk_size, spec.total_tokens, cluster.n_devices, self.chunks_per_rank)
         cuts = global_cuts(spec, np.arange(0, spec.total_tokens, size))
         return causal_bound(blocks_per_seq(spec, cuts))
 
@@ -291,4 +337,6 @@ class MagiPlanner(SolvedPlanner):
         sizes = [c for c in CHUNK_GRID if n_chunks(spec.total_tokens, c) >= cluster.n_devices]
         dedup = (False, True) if cluster.nodes > 1 else (False,)
         grid = tuple(MagiPlanner(c, d, h) for c in sizes for d in DEGREE_GRID for h in dedup)
+        grid += tuple(MagiPlanner(None, d, h, k) for k in CHUNKS_PER_RANK_GRID for d in DEGREE_GRID for h in dedup
+                      if spec.total_tokens >= k * cluster.n_devices)
         return grid or (self,)

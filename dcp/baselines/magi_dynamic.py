@@ -54,6 +54,7 @@ from dcp.baselines.magi import (SolvedPlanner, blocks_per_seq, causal_bound, che
                                 global_cuts, layout_from_cuts, resolve_chunk_size, stage_notes, staged_schedule)
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
+from dcp.layout.blocks import BlockLayout, TileSet
 from dcp.layout.tiles import enumerate_tiles
 from dcp.schedule.assemble import Planner, StaticParts
 from dcp.spec import BatchSpec
@@ -271,8 +272,8 @@ class MagiDynamicPlanner(SolvedPlanner):
         sol = solve(q_tb, kv_tb, tiles.unmasked, home, tb_len * spec.num_heads, tb_len * spec.num_kv_heads,
                     p, float(self.mu))
         tile_device = sol.rank
-        key = kv_tb * layout.n_token_blocks + q_tb
-        tile_stage, routes = staged_schedule(layout, tiles, home, tile_device, key, self.degree)
+        tile_stage, routes = staged_schedule(layout, tiles, home, tile_device, self._stage_key(layout, tiles),
+                                             self.degree)
         load = np.bincount(tile_device, weights=tiles.unmasked, minlength=p)
         imbalance = float(load.max() / max(load.mean(), 1e-300))
         notes = [f"magi_dynamic: {layout.n_token_blocks} blocks in {p} contiguous shards; largest rank area "
@@ -284,6 +285,10 @@ class MagiDynamicPlanner(SolvedPlanner):
         meta = {"chunk_tokens": size, "area_imbalance": imbalance, "feasible": sol.feasible, "tries": sol.tries,
                 "threshold": sol.threshold if math.isfinite(sol.threshold) else None}
         return StaticParts(layout, tiles, home, tile_device, tile_stage, routes, tuple(notes)), meta
+
+    def _stage_key(self, layout: BlockLayout, tiles: TileSet) -> np.ndarray:
+        # remote tiles by kv block, then q block: both of a tile's blocks may be remote here
+        return tiles.kv_tb.astype(np.int64) * layout.n_token_blocks + tiles.q_tb.astype(np.int64)
 
     def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
         size = resolve_chunk_size(self.chunk_size, spec.total_tokens, cluster.n_devices)

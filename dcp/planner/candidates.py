@@ -96,20 +96,22 @@ def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int
 def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, cost: CostModel, stage_counts: tuple[int, ...], two_phase: bool,
              notes: tuple[str, ...] = (), per_direction: tuple[int, int] | None = None,
-             own: Schedule | None = None) -> Candidate:
+             own=()) -> Candidate:
     """Schedule a placement at each stage count, per direction keep the one estimated fastest
     (``per_direction``: one given stage count for the forward and one for the backward instead).
-    ``own``: a schedule the placement came with (a static plan's; used for both directions, stage
-    count 0) that competes with dcp's."""
+    ``own``: schedules the placement came with (a static plan's, each with ``tile_stage`` and ``routes``, e.g.
+    its ``StaticParts`` and their ``schedule_variants``; stage count 0, -1, -2, ... in that order) that compete
+    with dcp's, per direction."""
     home = np.asarray(home, dtype=np.int64)
     tile_device = np.asarray(tile_device, dtype=np.int64)
+    own = (own,) if hasattr(own, "tile_stage") else tuple(own or ())  # one schedule (StaticParts is a tuple too)
     best = {}
     for i, direction in enumerate(("forward", "backward")):
         tt = tile_times(cost, layout, tiles, direction)
         counts = stage_counts if per_direction is None else (per_direction[i],)
-        for s in ((0,) if own is not None else ()) + tuple(c for c in counts if c > 0):
-            if s == 0:
-                sched = Schedule(direction, own.tile_stage, own.routes)
+        for s in tuple(-j for j in range(len(own))) + tuple(c for c in counts if c > 0):
+            if s <= 0:
+                sched = Schedule(direction, own[-s].tile_stage, own[-s].routes)
             else:
                 sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
             ends = estimate_device_ends_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)

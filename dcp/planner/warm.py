@@ -2,7 +2,9 @@
 
 Every static baseline (ring, zigzag, TransformerEngine a2a+p2p, LoongTrain, Megatron-Core dynamic CP) is a
 placement in dcp's IR: a block layout, the home of every token block, the device of every tile. dcp's
-search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule first, and
+search takes each as a candidate (``warm(<name>)``), scored like any other: its own schedule first (and
+the same placement under the planner's other schedule settings, ``Planner.schedule_variants``, per
+direction: Magi's overlap degree), and
 when it is among the fastest candidates, dcp's schedules at every stage count of the search compete with
 it per direction (``dcp.planner.candidates.evaluate``, ``widen``), and a chosen
 warm start is refined like a packing (whole sequences moved off the device estimated to finish last,
@@ -56,8 +58,9 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase
             continue
         seen[label] = parts
         # its own schedule first; the search's widening schedules the fastest candidates by dcp too
+        own = (parts, *planner.schedule_variants(spec, cluster, parts))
         cand = evaluate(label, spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost,
-                        (), two_phase, notes=(f"dcp's search started from {name}'s placement",), own=parts)
+                        (), two_phase, notes=(f"dcp's search started from {name}'s placement",), own=own)
         out.append(cand)
         groups[label] = sequence_groups(cand)
     return out, groups, skipped, aliases

@@ -48,6 +48,13 @@ class Planner(abc.ABC):
         """The placement and schedule of a static planner (``NotImplementedError`` for search planners)."""
         raise NotImplementedError(f"{type(self).__name__} is not a static planner")
 
+    def schedule_variants(self, spec: BatchSpec, cluster: Cluster, parts: StaticParts) -> tuple[StaticParts, ...]:
+        """The same placement as ``parts`` under other settings of this planner's own schedule knobs (e.g.
+        Magi's overlap degree), cheap to build: dcp's search estimates each per direction beside the
+        planner's own (a static planner runs one setting for both directions; dcp may pick one per
+        direction). Default: none."""
+        return ()
+
     def estimated_tiles(self, spec: BatchSpec, cluster: Cluster) -> int:
         """About how many tiles ``static_parts`` gives (causal masks: an upper bound), without building
         them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
