@@ -34,6 +34,9 @@ _LAZY = {
     "ReferenceExecutor": ("dcp.execute", "ReferenceExecutor"),
     "DCPLoader": ("dcp.integration", "DCPLoader"),
     "DCPAttention": ("dcp.integration", "DCPAttention"),
+    "SampleRejectedError": ("dcp.integration", "SampleRejectedError"),
+    "varlen_attention": ("dcp.integration.varlen", "varlen_attention"),
+    "varlen_plan": ("dcp.integration.varlen", "varlen_plan"),
 }
 
 
