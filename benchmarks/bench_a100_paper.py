@@ -2,7 +2,8 @@
 
     python benchmarks/bench_a100_paper.py            # writes benchmarks/results/a100_paper_baselines.csv
 
-The DCP paper reports measured absolute times on 32 A100s (4 p4d nodes; ../shared/REFERENCE.md):
+The DCP paper (Jiang et al., SOSP 2025, arXiv:2510.10620) reports measured absolute times on 32 A100s
+(4 p4d nodes):
 LDC x0.5 causal -- ring and zigzag ~27 ms forward / ~75 ms backward, the best baseline 19.4 / 33.9 ms;
 LDC x4 lambda -- TransformerEngine 18.9 / 24.4 ms. This script plans the paper's baselines (ring,
 zigzag, te_a2a_p2p, loongtrain; profile-independent, planned once) on the same kind of batches as

@@ -1,12 +1,12 @@
 """Bytes at equal tolerances: dcp against the DCP prototype's planner on the batches it was measured on.
 
-The prototype's numbers are published measurements (../shared/REFERENCE.md, "measured prototype planner
-facts": its own planner run in-process on a 2-core machine; KaHyPar, head block 1, compute epsilon 0.1,
+The prototype's numbers were measured by running the DCP prototype's own planner (the code of the DCP
+paper, Jiang et al., SOSP 2025, arXiv:2510.10620: github.com/chenyu-jiang/dcp) in-process on a 2-core machine; KaHyPar, head block 1, compute epsilon 0.1,
 inter-node factor 4 -> 0.4, memory epsilon 0.2; lambda = 64 sink tokens + 4,096 window). dcp plans the
 same batches on the same cluster (4 x 8 devices, 8 query / 2 KV heads, head dim 128, bf16) with the same
 tolerances (``epsilon_inter=0.4, epsilon_intra=0.1, epsilon_memory=0.2``) and the paper's objective
 (``SearchConfig(objective="bytes")``: the fewest bytes among its candidates within the tolerance), its
-default partitioner (Mt-KaHyPar, deterministic preset) and head blocks. Batches:
+default partitioner (Mt-KaHyPar, deterministic_quality preset) and head blocks. Batches:
 a = [131072]; b = [32768, 32768, 16384, 24576, 24576]; c = lengths drawn one at a time from
 ``numpy.random.default_rng(0)``, ``int(clip(round(rng.lognormal(7.6, 1.2)), 128, 131072))`` until the sum
 reaches 131,072 (last one trimmed; 43 sequences).
@@ -18,7 +18,7 @@ split to meet it, epsilon_intra = 0.1 where that leaves room, else both equal) â
 imbalance no worse than the prototype's. The prototype's imbalances on batch c come from an int32
 overflow in its weights and are not used as bounds.
 
-    python benchmarks/bench_bytes.py            # a few minutes on 2 cores
+    python benchmarks/bench_bytes.py            # 29 s on a quiet 2-core machine (94 s at load average 3-4)
 Writes benchmarks/results/bytes_vs_prototype.csv: per (B, batch, mask, mode) dcp's forward / backward /
 forward inter-node MB, device compute imbalance and planning time beside the prototype's. Note: the
 prototype's backward sends q, o, dO, lse per query block (772 B per head per token in bf16) where dcp

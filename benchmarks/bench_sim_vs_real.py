@@ -1,6 +1,6 @@
 """The simulator checked against real runs on this machine: ``dcp bench run`` over a fixed set of batches.
 
-    python benchmarks/bench_sim_vs_real.py --profile cpu_amd_epyc_2c     # after dcp bench calibrate
+    python benchmarks/bench_sim_vs_real.py --profile dcp_profiles/cpu_<machine>.json   # after dcp bench calibrate
     python benchmarks/bench_sim_vs_real.py --quick --out /tmp/x          # tiny: a check of the script
 
 2 gloo processes with one thread each (1 node x 2 devices, the machine's 2 cores), fp32, 4 query / 2 KV
@@ -64,7 +64,9 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile", default="cpu_amd_epyc_2c")
+    ap.add_argument("--profile", default="cpu_amd_epyc_2c",
+                    help="cost profile of the simulated column: a bundled name (default: the shipped calibration of "
+                         "the 2-core AMD EPYC) or the .json path dcp bench calibrate printed")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
-import warnings
 
 import numpy as np
 
+from dcp.bench.args import (add_mask_args, check_profile, default_partitioner_name, partitioner_help, plural,
+                            profile_help)
 from dcp.cluster import Cluster
 from dcp.config import OBJECTIVES, PlannerConfig, SearchConfig
-from dcp.errors import DcpError, InvalidConfigError
+from dcp.errors import DcpError
 from dcp.partition import PARTITIONER_NAMES, named_partitioner
-from dcp.report import print_table, progress
 from dcp.spec import BatchSpec
 
 PLANNERS = ("dcp", "ring", "zigzag", "te_a2a_p2p", "loongtrain", "megatron_dyncp", "torch_cp", "ulysses", "magi",
@@ -47,18 +46,14 @@ def make_planner(name: str, config: PlannerConfig):
 
 
 def _mask_from_args(args):
-    from dcp.masks import from_cli
+    from dcp.bench.args import masks_from_args
 
-    params = {}
-    for item in args.mask_param or ():
-        if "=" not in item:
-            raise DcpError(f"--mask-param takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        params[key.strip().replace("-", "_")] = value.strip()
-    return from_cli(args.mask, **params)
+    return masks_from_args(args)[0].build()
 
 
-def _lengths_from_args(args) -> np.ndarray:
+def _lengths_from_args(args) -> list[tuple[int, np.ndarray]]:
+    """``(index, lengths)`` of every batch to plan: the one of --lengths, every batch of a --lengths-file
+    (or its --batch-index), or the --batch-index'th batch of the synthetic stream."""
     from dcp.data import load_length_batches, make_batches, parse_lengths_arg
 
     given = getattr(args, "given", set())
@@ -67,17 +62,20 @@ def _lengths_from_args(args) -> np.ndarray:
         if clash:
             raise DcpError(f"--lengths gives the batch itself: {', '.join('--' + c.replace('_', '-') for c in clash)} "
                            f"would be ignored; drop {'it' if len(clash) == 1 else 'them'}")
-        return parse_lengths_arg(args.lengths)
+        return [(0, parse_lengths_arg(args.lengths))]
     if args.lengths_file:
         clash = sorted(given & {"dataset", "scale", "tokens"})
         if clash:
             raise DcpError(f"--lengths-file gives the batches: {', '.join('--' + c for c in clash)} would be ignored")
         batches = load_length_batches(args.lengths_file)
+        if "batch_index" not in given:  # every batch of the file, not silently the first
+            return list(enumerate(batches))
         if not 0 <= args.batch_index < len(batches):
-            raise DcpError(f"--batch-index {args.batch_index} out of range: the file holds {len(batches)} batches")
-        return batches[args.batch_index]
-    return make_batches(args.dataset, args.scale, tokens_per_batch=args.tokens, num_batches=args.batch_index + 1,
-                        seed=args.seed)[args.batch_index]
+            raise DcpError(f"--batch-index {args.batch_index} out of range: the file holds "
+                           f"{plural(len(batches), 'batch', 'batches')}")
+        return [(args.batch_index, batches[args.batch_index])]
+    return [(args.batch_index, make_batches(args.dataset, args.scale, tokens_per_batch=args.tokens,
+                                            num_batches=args.batch_index + 1, seed=args.seed)[args.batch_index])]
 
 
 class _Given(argparse.Action):
@@ -120,11 +118,11 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     src.add_argument("--tokens", type=int, default=131072, action=_Given,
                      help="token budget per batch (batches are kept when at least 75%% full)")
     src.add_argument("--seed", type=int, default=0, help="sampling and partitioner seed")
-    src.add_argument("--batch-index", type=int, default=0, action=_Given, help="which batch of the stream/file")
+    src.add_argument("--batch-index", type=int, default=0, action=_Given,
+                     help="which batch of the synthetic stream; with --lengths-file, plan only this batch of the "
+                          "file (without it: every batch)")
     m = p.add_argument_group("mask and heads")
-    m.add_argument("--mask", default="causal", help="causal, full, sliding_window, lambda, shared_question, "
-                   "causal_blockwise, modality, prefix_lm, document")
-    m.add_argument("--mask-param", action="append", metavar="KEY=VALUE", help="mask parameter, e.g. window=4096")
+    add_mask_args(m)
     m.add_argument("--heads", type=int, default=8, help="query heads")
     m.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA: must divide --heads)")
     m.add_argument("--head-dim", type=int, default=128, help="size of one head")
@@ -137,10 +135,8 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--head-block-size", type=int, default=None,
                    help="query heads per head block (default: packings keep all heads together, the hypergraph "
                         "cuts them into two KV groups)")
-    c.add_argument("--partitioner", default="quality", choices=PARTITIONER_NAMES + ("mtkahypar",),
-                   help="hypergraph partitioner of dcp (quality: Mt-KaHyPar deterministic_quality, the default; "
-                        "deterministic; fast: Mt-KaHyPar's default preset, varies run to run, alias mtkahypar; "
-                        "kahypar; greedy)")
+    c.add_argument("--partitioner", default=default_partitioner_name(), choices=PARTITIONER_NAMES + ("mtkahypar",),
+                   help=partitioner_help())
     c.add_argument("--objective", default="time", choices=OBJECTIVES,
                    help="what dcp's search minimizes: estimated time, or bytes within the tolerances (the paper's)")
     c.add_argument("--epsilon-intra", type=float, default=CONFIG_DEFAULTS["epsilon_intra"],
@@ -159,7 +155,7 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
     c.add_argument("--time-budget", type=_time_budget, default=CONFIG_DEFAULTS["time_budget_s"], metavar="SECONDS",
                    help="partitioning time limit per plan ('none': no limit); past it the hypergraph candidate is "
                         "dropped (the packings stand) and the plan says so")
-    c.add_argument("--profile", default="a100", help="cost-model GPU profile: a100, h100, h200 or a .json path")
+    c.add_argument("--profile", default="a100", help=profile_help())
     c.add_argument("--no-two-phase", action="store_true", help="no node-level relay/merge of transfers")
 
 
@@ -181,54 +177,24 @@ def _config(args) -> PlannerConfig:
                          max_tokens_per_device=args.max_tokens_per_device, transient_budget=args.transient_budget,
                          strict_memory=args.strict_memory,
                          two_phase=not args.no_two_phase, time_budget_s=args.time_budget,
-                         cost_model=CostModel.named(args.profile), search=SearchConfig(objective=args.objective))
+                         cost_model=CostModel.named(check_profile(args.profile)),
+                         search=SearchConfig(objective=args.objective))
 
 
-def _spec(args) -> BatchSpec:
-    return BatchSpec(_lengths_from_args(args), _mask_from_args(args), args.heads, args.kv_heads, args.head_dim,
-                     args.dtype)
+def _spec(args, lengths: np.ndarray | None = None) -> BatchSpec:
+    if lengths is None:
+        lengths = _lengths_from_args(args)[0][1]
+    return BatchSpec(lengths, _mask_from_args(args), args.heads, args.kv_heads, args.head_dim, args.dtype)
 
 
 def cmd_plan(args) -> int:
-    spec = _spec(args)
-    cluster = Cluster(args.nodes, args.gpus_per_node)
-    config = _config(args)
+    from dcp.bench.plan_report import plan_batches
+
+    batches = _lengths_from_args(args)
+    specs = [(index, _spec(args, lengths)) for index, lengths in batches]
     names = PLANNERS if args.planner == "all" else [args.planner]
-    rows = []
-    for name in names:
-        label = f"planning {spec.num_seqs} sequences ({spec.total_tokens:,} tokens) for {cluster.n_devices} devices " \
-                f"with {name}" + (f" (partitioner time budget {config.time_budget_s:g} s)"
-                                  if name.startswith("dcp") and config.time_budget_s else "")
-        with progress(label), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                plan = make_planner(name, config).plan(spec, cluster)
-            except InvalidConfigError as err:
-                if args.planner != "all":
-                    raise
-                print(f"{name}: not applicable to this batch and cluster ({err})", file=sys.stderr)
-                continue
-        stats = plan.stats()
-        row = stats.to_dict()
-        row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=spec.masks[0].name,
-                   block_size=args.block_size if name == "dcp" else None,
-                   warnings=[str(w.message) for w in caught] + list(stats.warnings), notes=list(plan.notes))
-        rows.append(row)
-        if args.output and name == names[0]:
-            with open(args.output, "wb") as f:
-                f.write(plan.to_bytes())
-    if args.json:
-        print(json.dumps(rows[0] if len(rows) == 1 else rows, indent=2))
-    else:
-        print(f"batch: {spec.num_seqs} sequences, {spec.total_tokens} tokens, mask {spec.masks[0].name}; "
-              f"cluster {cluster.nodes} x {cluster.gpus_per_node}")
-        print_table(rows)
-        for r in rows:
-            for note in r["notes"]:
-                print(f"note ({r['planner']}): {note}")
-            for w in r["warnings"]:
-                print(f"warning ({r['planner']}): {w}")
-    return 0
+    return plan_batches(specs, Cluster(args.nodes, args.gpus_per_node), _config(args), names, args,
+                        make_planner)
 
 
 def cmd_demo(args) -> int:
@@ -241,15 +207,24 @@ def cmd_demo(args) -> int:
 
 
 def main(argv=None) -> int:
+    from dcp import __version__
+
     parser = argparse.ArgumentParser(prog="dcp", description="dynamic context parallelism planner",
                                      formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dcp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan one batch and print what the plan achieves", formatter_class=HelpFormatter)
     _add_batch_args(p)
     p.add_argument("--planner", default="dcp", choices=(*PLANNERS, *SEARCH_PLANNERS, "all"),
                    help="dcp, a static baseline, dcp_auto (the fastest by simulation) or all of them")
-    p.add_argument("--json", action="store_true", help="print statistics as JSON")
-    p.add_argument("--output", help="write the (first) plan's bytes to this file")
+    p.add_argument("--json", action="store_true",
+                   help="print statistics, simulated times and the search's choice as JSON (one object per plan; "
+                        "a list when there are several batches or planners)")
+    p.add_argument("--output", help="write the (first) planner's plan bytes to this file (several batches: "
+                                    "NAME.<batch>.EXT each)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the (first) planner's simulated forward and backward as a Chrome trace "
+                        "(chrome://tracing, ui.perfetto.dev; several batches: NAME.<batch>.json each)")
     p.set_defaults(func=cmd_plan)
     d = sub.add_parser("demo", help="plan a realistic batch with dcp and the baselines (and run one on CPU)",
                        formatter_class=HelpFormatter)

@@ -25,7 +25,7 @@ def run_demo(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, planners:
     from dcp.sim import simulate_both
 
     out = out or sys.stdout
-    print(f"dcp demo: {spec.num_seqs} sequences ({min(spec.seqlens):,}..{max(spec.seqlens):,} tokens, "
+    print(f"dcp demo: {spec.num_seqs} sequence{'s' if spec.num_seqs != 1 else ''} ({min(spec.seqlens):,}..{max(spec.seqlens):,} tokens, "
           f"{spec.total_tokens:,} in all), mask {spec.masks[0].name}, {spec.num_heads} q / {spec.num_kv_heads} kv "
           f"heads, head dim {spec.head_dim}, {spec.dtype}; cluster {cluster.nodes} nodes x "
           f"{cluster.gpus_per_node} GPUs; dcp block size {config.block_size}\n", file=out, flush=True)

@@ -1,7 +1,8 @@
 """Train a small GPT on synthetic variable-length data with dcp attention, planned one batch ahead.
 
     python experiments/train_gpt.py --steps 50                               # 1 process: the baseline
-    torchrun --nproc-per-node 4 experiments/train_gpt.py --steps 50 --mask lambda --log-json run.json
+    torchrun --nproc-per-node 4 experiments/train_gpt.py --steps 50 --mask lambda --mask-param window=128 \\
+        --log-json run.json
 
 Each process is one device of the plan (gloo on CPU, NCCL when CUDA is available). Every rank reads the
 same synthetic sample stream; ``DCPLoader`` forms token-budget batches, plans the next batch in a
@@ -35,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make ``dcp`` and ``experiments
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dcp  # noqa: E402
+from dcp.bench.args import MaskArg, add_mask_args, masks_from_args  # noqa: E402
 from dcp.integration import DCPAttention, DCPLoader, Sample, WorkerConfig, sum_gradients  # noqa: E402
 from experiments.gpt import GPT, GPTConfig  # noqa: E402
 
@@ -61,7 +63,7 @@ class TrainConfig:
     mlp: str = "swiglu"
     block_size: int = 64
     mask: str = "causal"
-    mask_args: tuple = ()  # ("key=value", ...)
+    mask_params: tuple = ()  # (("key", "value"), ...): --mask-param KEY=VALUE
     distribution: str = "megatron_mock"
     length_scale: float = 0.25
     min_len: int = 8
@@ -100,13 +102,7 @@ class TrainResult:
 
 # --------------------------------------------------------------------------------------------- data
 def build_mask(cfg: TrainConfig):
-    params = dict(SMALL_MASK_DEFAULTS.get(cfg.mask, {}))
-    for item in cfg.mask_args:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--mask-arg takes key=value, got {item!r}")
-        params[key] = value
-    return dcp.masks.from_cli(cfg.mask, **params)
+    return MaskArg(cfg.mask, tuple(cfg.mask_params)).build(SMALL_MASK_DEFAULTS)
 
 
 def synthetic_samples(cfg: TrainConfig) -> Iterator[Sample]:
@@ -271,8 +267,7 @@ def parse_args(argv=None) -> TrainConfig:
     ap.add_argument("--vocab", type=int, default=d.vocab)
     ap.add_argument("--mlp", choices=("swiglu", "gelu"), default=d.mlp)
     ap.add_argument("--block-size", type=int, default=d.block_size, help="planner token block size")
-    ap.add_argument("--mask", default=d.mask, help="mask family (dcp.masks.MASKS), e.g. causal, lambda")
-    ap.add_argument("--mask-arg", action="append", default=[], metavar="KEY=VALUE", help="mask parameter")
+    add_mask_args(ap, default=d.mask, old_param_flags=("--mask-arg",))  # --mask-arg: deprecated spelling
     ap.add_argument("--distribution", default=d.distribution, help="dcp.data length distribution")
     ap.add_argument("--length-scale", type=float, default=d.length_scale)
     ap.add_argument("--lr", type=float, default=d.lr)
@@ -290,9 +285,13 @@ def parse_args(argv=None) -> TrainConfig:
     ap.add_argument("--log-json", default=d.log_json, help="write per-step loss/tokens/s/waited here")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        mask = masks_from_args(a)[0]
+    except dcp.DcpError as err:
+        ap.error(str(err))
     return replace(d, steps=a.steps, seed=a.seed, tokens_per_batch=a.tokens_per_batch, layers=a.layers, dim=a.dim,
                    heads=a.heads, kv_heads=a.kv_heads, vocab=a.vocab, mlp=a.mlp, block_size=a.block_size,
-                   mask=a.mask, mask_args=tuple(a.mask_arg), distribution=a.distribution,
+                   mask=mask.name, mask_params=mask.params, distribution=a.distribution,
                    length_scale=a.length_scale, lr=a.lr, optimizer=a.optimizer, dtype=a.dtype,
                    partitioner=a.partitioner, planner=a.planner, lookahead=a.lookahead,
                    validate_plans=a.validate_plans, kernels=a.kernels, threads=a.threads, log_every=a.log_every,

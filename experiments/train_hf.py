@@ -2,7 +2,8 @@
 
     python experiments/train_hf.py --family llama --steps 20                     # 1 process, dcp attention
     python experiments/train_hf.py --family qwen2 --attn sdpa --steps 20         # 1 process, transformers' own
-    torchrun --nproc-per-node 4 experiments/train_hf.py --family qwen2 --mask lambda:sink=4,window=64
+    torchrun --nproc-per-node 4 experiments/train_hf.py --family qwen2 --mask lambda --mask-param sink=4 \\
+        --mask-param window=64
 
 The model is ``AutoModelForCausalLM.from_config`` of a small Llama- or Qwen2-style config written below
 (random init, nothing downloaded); its code is transformers' own, unmodified. With ``--attn dcp`` each
@@ -13,7 +14,9 @@ go through transformers' own padding-free path instead: ``DataCollatorWithFlatte
 sequences, and a batch with non-causal masks gets them as a dense additive 4-D mask. That is the
 reference the parity tests compare dcp against.
 
-Masks: ``--mask NAME[:key=value,...]``, repeatable; samples take the masks in turn (one mask per sequence).
+Masks: ``--mask NAME`` with ``--mask-param KEY=VALUE`` after it (the syntax of ``dcp plan``), ``--mask``
+repeatable: samples take the masks in turn (one mask per sequence). ``NAME:key=value,...`` still parses,
+with a deprecation warning, for one release.
 Data: ``experiments.train_gpt.synthetic_samples`` (phrase chains, half with a repeated n-gram).
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make ``dcp`` and ``experiments
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dcp  # noqa: E402
+from dcp.bench.args import MaskArg, add_mask_args, masks_from_args  # noqa: E402
 from dcp.integration import DCPBatch, DCPLoader, Sample, WorkerConfig  # noqa: E402
 from dcp.integration import hf as dcp_hf  # noqa: E402
 from experiments.train_gpt import (SMALL_MASK_DEFAULTS, Progress, TrainConfig, TrainResult,  # noqa: E402
@@ -59,7 +63,7 @@ class HFTrainConfig:
     vocab: int = 256
     block_size: int = 64
     epsilon_memory: float = 0.1  # dcp's memory budget (resident tokens per rank <= (1 + this) x mean)
-    masks: tuple = ("causal",)  # "name" or "name:key=value,..." per sample, in turn
+    masks: tuple = ("causal",)  # a name or a MaskArg per sample, in turn
     distribution: str = "megatron_mock"
     length_scale: float = 0.25
     min_len: int = 8
@@ -91,16 +95,9 @@ def model_config(cfg: HFTrainConfig):
     raise SystemExit(f"--family must be one of {FAMILIES}, got {cfg.family!r}")
 
 
-def parse_mask(text: str) -> dcp.masks.Mask:
-    """``"lambda"`` or ``"lambda:sink=4,window=16"`` -> a dcp mask (defaults sized for short sequences)."""
-    name, _, args = text.partition(":")
-    params = dict(SMALL_MASK_DEFAULTS.get(name, {}))
-    for item in filter(None, args.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"mask parameters are key=value, got {item!r} in {text!r}")
-        params[key] = value
-    return dcp.masks.from_cli(name, **params)
+def parse_mask(entry: "str | MaskArg") -> dcp.masks.Mask:
+    """A name or ``MaskArg`` -> a dcp mask (defaults sized for short sequences fill parameters not given)."""
+    return MaskArg.parse(entry).build(SMALL_MASK_DEFAULTS)
 
 
 def samples(cfg: HFTrainConfig) -> Iterator[Sample]:
@@ -198,8 +195,7 @@ def parse_args(argv=None) -> HFTrainConfig:
         ap.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("length_scale", "lr", "epsilon_memory"):
         ap.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
-    ap.add_argument("--mask", action="append", default=None, metavar="NAME[:K=V,...]",
-                    help="mask family (dcp.masks.MASKS) with parameters; repeat to give samples different masks")
+    add_mask_args(ap, default=d.masks[0], several=True)
     ap.add_argument("--distribution", default=d.distribution, help="dcp.data length distribution")
     ap.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default=d.dtype)
     ap.add_argument("--planner", choices=("process", "inline"), default=d.planner)
@@ -207,9 +203,13 @@ def parse_args(argv=None) -> HFTrainConfig:
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--log-json", default=d.log_json, help="write per-step loss and tokens/s here")
     ap.add_argument("--quiet", action="store_true")
-    a = vars(ap.parse_args(argv))
-    a["masks"] = tuple(a.pop("mask") or d.masks)
-    return replace(d, **a)
+    ns = ap.parse_args(argv)
+    try:
+        masks = tuple(masks_from_args(ns, several=True))
+    except dcp.DcpError as err:
+        ap.error(str(err))
+    a = {k: v for k, v in vars(ns).items() if k not in ("mask", "mask_param", "mask_list", "mask_pending")}
+    return replace(d, masks=masks, **a)
 
 
 def main(argv=None) -> int:

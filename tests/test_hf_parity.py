@@ -18,13 +18,14 @@ import pytest
 import torch
 from _spawn import run_ranks
 
+from dcp.bench.args import MaskArg
 from experiments.train_hf import HFTrainConfig, train
 
 STEPS = 5
 BASE = HFTrainConfig(steps=STEPS, seed=3, tokens_per_batch=512, layers=2, hidden=32, heads=4, kv_heads=2,
                      intermediate=64, vocab=64, block_size=32, length_scale=0.1, min_len=8, lr=3e-3, planner="inline",
                      lookahead=0, threads=1, grad_steps=(0,), peer_timeout_s=30.0, quiet=True)
-SPARSE = ("lambda:sink=2,window=12", "causal_blockwise:block=8,num_prev=1")
+SPARSE = (MaskArg.of("lambda", sink=2, window=12), MaskArg.of("causal_blockwise", block=8, num_prev=1))
 CASES = {  # name -> (dcp config, the reference's attention)
     "llama-causal": (HFTrainConfig(**{**BASE.__dict__, "family": "llama"}), "sdpa"),
     "qwen2-causal": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2"}), "sdpa"),

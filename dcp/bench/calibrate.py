@@ -23,8 +23,11 @@ What is timed (each point the median of ``repeats`` calls after a warm-up, one i
   ``link_sizes`` -> ``link_latency_us`` and ``nvlink_gbps`` (two processes on one machine = one node of
   two devices, so the intra-node link; ``nic_gbps_per_node`` is set to the same, unused on one node).
 
-Writes ``<out-dir>/cpu_<machine>.json`` (default: the package's ``dcp/cost/profiles/``) with the fitted
-constants, the fit data (every timed point) and the fits' errors, and prints them.
+Writes ``--out`` (default ``./dcp_profiles/cpu_<machine>.json``: outside the package, so a user's
+calibration never replaces the shipped profile of the same name) with the fitted constants, the fit data
+(every timed point) and the fits' errors, prints them and how to use the file (``--profile PATH``).
+Timing on a busy machine fits the load, not the machine: it refuses when the 1-minute load average is
+above half the cores, unless ``--force``.
 """
 from __future__ import annotations
 
@@ -43,6 +46,11 @@ from dcp.cost.fit import TilePoint, fit_affine, fit_partial_waste, fit_tiles
 from dcp.errors import InvalidConfigError
 
 PROFILES_DIR = Path(__file__).resolve().parents[1] / "cost" / "profiles"
+"""The shipped profiles (``--out-dir`` there regenerates one; users write to ``USER_PROFILES_DIR``)."""
+USER_PROFILES_DIR = Path("dcp_profiles")
+"""Where calibrations go by default, relative to the working directory."""
+MAX_LOAD_PER_CORE = 0.5
+"""Above this 1-minute load average per core, calibration refuses (other work would be fitted)."""
 
 
 EXEC_BATCHES = (((64,) * 8, 16), ((96, 64, 48, 32, 32, 16), 16), ((256, 64), 32))
@@ -416,8 +424,32 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (as dcp bench run --threads)")
     p.add_argument("--name", default=None, help="profile name (default cpu_<machine>)")
-    p.add_argument("--out-dir", default=str(PROFILES_DIR), help="where <name>.json goes")
+    p.add_argument("--out", default=None, metavar="PATH.json",
+                   help="where the profile goes (default: --out-dir/<name>.json)")
+    p.add_argument("--out-dir", default=str(USER_PROFILES_DIR),
+                   help="folder for <name>.json when --out is not given (dcp/cost/profiles regenerates the shipped "
+                        "profile)")
+    p.add_argument("--force", action="store_true",
+                   help=f"calibrate even when the 1-minute load average is above {MAX_LOAD_PER_CORE:g} x the cores")
     p.set_defaults(func=cmd_calibrate)
+
+
+def check_load(force: bool) -> float:
+    """The 1-minute load average; refuses (``InvalidConfigError``) above ``MAX_LOAD_PER_CORE`` x the cores
+    unless ``force``: other processes' work would be fitted as this machine's speed."""
+    from dcp.bench.args import plural, usable_cores
+
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this OS: nothing to check
+        return float("nan")
+    cores = usable_cores()
+    if load > MAX_LOAD_PER_CORE * cores and not force:
+        raise InvalidConfigError(
+            f"the machine is busy: 1-minute load average {load:.2f} on {plural(cores, 'core')} (above "
+            f"{MAX_LOAD_PER_CORE:g} x cores = {MAX_LOAD_PER_CORE * cores:g}); a calibration now would fit the other "
+            f"processes' load, not this machine. Wait until `uptime` shows a lower load, or pass --force")
+    return load
 
 
 def cmd_calibrate(args) -> int:
@@ -427,8 +459,11 @@ def cmd_calibrate(args) -> int:
     cfg = CalibrateConfig(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype,
                           tile_sizes=tuple(int(x) for x in args.tile_sizes.split(",")), repeats=args.repeats,
                           threads=args.threads, name=args.name)
+    check_load(args.force)
     doc = calibrate(cfg)
-    out = Path(args.out_dir) / f"{doc['name']}.json"
+    out = Path(args.out) if args.out else Path(args.out_dir) / f"{doc['name']}.json"
+    if out.suffix != ".json":  # --profile takes a path only when it ends in .json
+        out = out.with_name(out.name + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=2) + "\n")
     keys = [k for k in doc if k not in ("sources", "fit", "name")]
@@ -439,5 +474,6 @@ def cmd_calibrate(args) -> int:
               f"{b['time_vs_full']:.3f} x the full tile, model {b['model_vs_full']:.3f}")
     print(f"fit errors: tiles {doc['fit']['tile_fit_rel_error']}, merges {doc['fit']['merge_fit_rel_error']}, "
           f"links {doc['fit']['link_fit_rel_error']}; load {doc['fit']['load_before']} -> {doc['fit']['load_after']}")
-    print(f"wrote {out}")
+    print(f"wrote {out}\nuse it with --profile {out} (e.g. dcp bench run --nproc 2 --profile {out}, "
+          f"dcp plan --profile {out})")
     return 0

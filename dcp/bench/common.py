@@ -278,8 +278,9 @@ def add_dcp_args(p) -> None:
     from dcp.partition import PARTITIONER_NAMES
 
     g = p.add_argument_group("dcp's configuration (default: dcp.plan's own)")
-    g.add_argument("--partitioner", default=None, choices=PARTITIONER_NAMES,
-                   help="hypergraph partitioner (default: deterministic, Mt-KaHyPar's reproducible preset)")
+    from dcp.bench.args import partitioner_help
+
+    g.add_argument("--partitioner", default=None, choices=PARTITIONER_NAMES, help=partitioner_help())
     g.add_argument("--epsilon-inter", type=float, default=None, help="hypergraph tolerance across nodes")
     g.add_argument("--epsilon-intra", type=float, default=None, help="hypergraph tolerance inside a node")
     g.add_argument("--objective", default=None, choices=OBJECTIVES, help="search objective (default: time)")

@@ -1,6 +1,6 @@
 """``dcp bench dryrun``: the DCP paper's dry-run sweeps (planning only, then the simulator).
 
-Setting (../shared/REFERENCE.md, "Dry runs"): 64 GPUs = 8 nodes x 8, maximum sequence length 64K. We
+Setting (the dry runs of the DCP paper: Jiang et al., SOSP 2025, arXiv:2510.10620): 64 GPUs = 8 nodes x 8, maximum sequence length 64K. We
 follow the paper's end-to-end convention "max length = batch tokens": batches of 65,536 tokens
 (``--tokens``), lengths from the synthetic LongAlign / Long-Data-Collections stand-ins at scale 1
 (sequences longer than the batch are dropped), 8 query / 2 KV heads, head dim 128, bf16, A100 profile.
@@ -10,8 +10,8 @@ means, and it is why communication rises with B here.
 
 dcp is ``DCPPlanner`` with the paper's objective (``SearchConfig(objective="bytes")``: the fewest bytes
 within the compute tolerance) and the paper's tolerances (epsilon_inter 0.4, epsilon_intra 0.1) unless
-swept, at each block size swept, with its default (deterministic) partitioner; the sweeps study the
-bytes trade-offs the paper plots. Flags override the objective and the rest.
+swept, at each block size swept, with its default partitioner (Mt-KaHyPar's deterministic_quality
+preset); the sweeps study the bytes trade-offs the paper plots. Flags override the objective and the rest.
 Four sweeps, one CSV each under ``--out-dir``:
 
 - ``dryrun_block_size.csv``: B in {512, 1024, 2048, 4096} x masks {causal, lambda}: communication

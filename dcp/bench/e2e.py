@@ -1,6 +1,6 @@
 """``dcp bench e2e``: the DCP paper's GPT-8B end-to-end iteration time, SIMULATED (not measured).
 
-Setup (paper section "End-to-end", ../shared/REFERENCE.md): GPT-8B (32 layers, hidden 4096, 32 heads, 8 KV
+Setup (the end-to-end evaluation of the DCP paper: Jiang et al., SOSP 2025, arXiv:2510.10620): GPT-8B (32 layers, hidden 4096, 32 heads, 8 KV
 groups, FFN 14336, head dim 128), TP=4, 64 A100 GPUs = 8 nodes x 8. dcp runs over the 16-way data-parallel
 group, modelled as ``Cluster(nodes=8, gpus_per_node=2)``: each "device" is one TP group of 4 GPUs, and
 attention per TP rank is the micro-benchmark setup (32/4 = 8 query heads, 8/4 = 2 KV heads, head dim 128,

@@ -1,6 +1,6 @@
 """``dcp bench megatron``: Megatron-Core Dynamic CP's own mock workload, attention only, simulated.
 
-Workload (../shared/REFERENCE.md, "Megatron-Core Dynamic CP"): lengths from ``megatron_mock`` (log-normal,
+Workload (the mock benchmark of Megatron-LM's dynamic context parallelism, github.com/NVIDIA/Megatron-LM): lengths from ``megatron_mock`` (log-normal,
 untruncated mean 1024, sigma 1.5, clipped to [128, 8192]); 2,048 tokens per rank, so a batch holds
 ``2048 x n_gpus`` tokens (packed as in the paper, >= 75% full); clusters 1x4, 1x8, 2x8, 4x8, 8x8. The
 mock's model is a GPT with 12 layers, hidden 2048 and 16 heads; **we compare the attention part only**

@@ -11,7 +11,7 @@ same plan under ``--profile``.
 
     torchrun --nproc-per-node 8 -m dcp.cli bench run --dataset ldc --scale 1 --tokens 131072 --profile a100
     dcp bench run --nproc 2 --threads 1 --lengths 3000,1200,700 --heads 4 --kv-heads 2 --head-dim 64 \\
-        --dtype float32 --profile cpu_epyc_2c
+        --dtype float32 --profile dcp_profiles/cpu_amd_epyc_2c.json   # written by dcp bench calibrate
 """
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ import datetime
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
+from dcp.bench.args import add_mask_args, check_profile, masks_from_args, nproc_warning, profile_help
 from dcp.bench.common import (BASELINE_NAMES, DEFAULT_OUT, DcpOptions, add_dcp_args, dcp_config, fmt_table,
                               git_revision, machine, options_from_args, parse_list, plan_quietly, stat_fields,
                               write_csv)
@@ -332,20 +334,20 @@ def add_parser(sub) -> None:
     src.add_argument("--scale", type=float, default=1.0)
     src.add_argument("--tokens", type=int, default=131072, help="tokens per batch (--dataset)")
     src.add_argument("--batches", type=int, default=1, help="batches of --dataset / --lengths-file to run")
-    p.add_argument("--mask", default="causal", help="mask family (dcp.masks names)")
-    p.add_argument("--mask-param", action="append", metavar="KEY=VALUE", help="mask parameter, e.g. window=4096")
+    add_mask_args(p)
     p.add_argument("--planners", default=",".join(RUN_PLANNERS))
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--nodes", type=int, default=1, help="nodes the world is split into (devices per node = world / nodes)")
-    p.add_argument("--profile", default="a100", help="cost profile of the simulated column (name or .json path)")
+    p.add_argument("--profile", default="a100", help="the simulated column's " + profile_help())
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads per process")
     p.add_argument("--nproc", type=int, default=None,
-                   help="start this many local gloo processes (CPU) instead of running under torchrun")
+                   help="start this many local gloo processes (CPU) instead of running under torchrun; at most "
+                        "the cores (x --threads), or the timings measure time slicing")
     p.add_argument("--seed", type=int, default=0)
     add_dcp_args(p)
     p.add_argument("--out", default=None, help="CSV path (default dcp-bench-results/run_<profile>.csv)")
@@ -358,12 +360,7 @@ def batches_from_args(args) -> tuple[RunBatch, ...]:
     given = [x for x in (args.lengths, args.lengths_file, args.dataset) if x]
     if len(given) != 1:
         raise InvalidConfigError("give the batch with exactly one of --lengths, --lengths-file, --dataset")
-    params = []
-    for item in args.mask_param or ():
-        if "=" not in item:
-            raise InvalidConfigError(f"--mask-param takes key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        params.append((key.strip().replace("-", "_"), value.strip()))
+    mask = masks_from_args(args)[0]
     if args.lengths:
         lens, tag = [parse_lengths_arg(args.lengths)], "lengths"
     elif args.lengths_file:
@@ -372,15 +369,15 @@ def batches_from_args(args) -> tuple[RunBatch, ...]:
         lens = make_batches(args.dataset, args.scale, tokens_per_batch=args.tokens, num_batches=args.batches,
                             seed=args.seed)
         tag = f"{args.dataset}x{args.scale:g}"
-    return tuple(RunBatch(tuple(int(x) for x in b), args.mask, tuple(params), f"{tag}#{i}")
+    return tuple(RunBatch(tuple(int(x) for x in b), mask.name, mask.params, f"{tag}#{i}")
                  for i, b in enumerate(lens))
 
 
 def config_from_args(args) -> RunConfig:
     return RunConfig(batches=batches_from_args(args), planners=parse_list(args.planners), heads=args.heads,
                      kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, nodes=args.nodes,
-                     profile=args.profile, warmup=args.warmup, repeats=args.repeats, threads=args.threads,
-                     seed=args.seed, dcp=options_from_args(args))
+                     profile=check_profile(args.profile), warmup=args.warmup, repeats=args.repeats,
+                     threads=args.threads, seed=args.seed, dcp=options_from_args(args))
 
 
 COLUMNS = ["batch", "planner", "direction", "measured_ms", "simulated_ms", "sim_rel_error", "rank_spread",
@@ -390,6 +387,9 @@ COLUMNS = ["batch", "planner", "direction", "measured_ms", "simulated_ms", "sim_
 def cmd_run(args) -> int:
     cfg = config_from_args(args)
     if args.nproc is not None:
+        warning = nproc_warning(args.nproc, args.threads)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         rows = run_local(cfg, args.nproc)
     elif "WORLD_SIZE" in os.environ:
         import torch.distributed as dist

@@ -17,9 +17,9 @@ cached (``dcp.integration.cache``) and shared by broadcast with a sha256 check o
 
 Samples that cannot be planned (empty, longer than the budget, a mask that is not a ``dcp.masks.Mask``,
 cannot be described for the worker, or fails on the sample's length) raise ``SampleRejectedError``:
-with ``on_reject="skip"`` (default) it is logged, appended to ``loader.rejected``, and the loader goes on
-with the next sample; with ``on_reject="raise"`` it propagates. A planner failure raises ``PlanningError``
-on every rank.
+with ``on_reject="skip"`` (default) it is logged (a warning on rank 0 only: every rank rejects the same
+samples), appended to ``loader.rejected``, and the loader goes on with the next sample; with
+``on_reject="raise"`` it propagates. A planner failure raises ``PlanningError`` on every rank.
 
 The planner worker is started with multiprocessing "spawn", which imports the training script in the
 worker: guard the script's entry point with ``if __name__ == "__main__":`` (as for any spawn-based
@@ -199,7 +199,8 @@ class DCPLoader:
         if self.on_reject == "raise":
             raise err
         self.rejected.append(err)
-        log.warning("dcp loader: %s", err)
+        # every rank reads the same stream and rejects the same samples: say it once, on rank 0
+        log.log(logging.WARNING if self.rank == 0 else logging.DEBUG, "dcp loader: %s", err)
 
     def _mask_describable(self, mask: Mask) -> str | None:
         try:
