@@ -65,6 +65,7 @@ class BatchSpec:
         if num_heads % num_kv_heads:
             raise InvalidBatchError(
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads} (GQA needs it)")
+        _check_lengths(mask_tuple, lens)
         object.__setattr__(self, "seqlens", tuple(int(x) for x in lens))
         object.__setattr__(self, "masks", mask_tuple)
         object.__setattr__(self, "num_heads", int(num_heads))
@@ -96,14 +97,14 @@ class BatchSpec:
         return np.concatenate([[0], np.cumsum(self.seqlens, dtype=np.int64)])
 
     def kv_ranges(self, seq: int) -> np.ndarray:
-        """Validated KV ranges of sequence ``seq``: int32 ``[seqlen, R, 2]`` (cached per mask/length)."""
-        from dcp.masks.base import validate_ranges
-
+        """Validated KV ranges of sequence ``seq``: int32 ``[seqlen, R, 2]``, read-only (cached per
+        mask/length; ``Mask.validated_ranges``)."""
         key = (self.masks[seq], self.seqlens[seq])
         cached = self._ranges_cache.get(key)
         if cached is None:
             try:
-                cached = validate_ranges(self.masks[seq].kv_ranges(self.seqlens[seq]), self.seqlens[seq])
+                # the model's head count: a mask_mod is probed for head dependence at its heads only
+                cached = self.masks[seq].validated_ranges(self.seqlens[seq], num_heads=self.num_heads)
             except InvalidBatchError:
                 raise
             except Exception as err:  # a mask that fails on this length is a batch error naming the sequence
@@ -112,7 +113,6 @@ class BatchSpec:
                 if isinstance(err, InvalidMaskError):
                     raise InvalidMaskError(f"sequence {seq} (length {self.seqlens[seq]}): {err}") from err
                 raise
-            cached.setflags(write=False)
             self._ranges_cache[key] = cached
         return cached
 
@@ -170,6 +170,25 @@ def _lengths(seqlens) -> np.ndarray:
         raise InvalidBatchError(f"sequence {int(np.argmax(lens >= 2**31))} has {int(lens.max())} tokens; at most "
                                 f"{2**31 - 1} per sequence")
     return lens.astype(np.int64)
+
+
+def _check_lengths(masks: tuple[Mask, ...], lens: np.ndarray) -> None:
+    """Refuse, now rather than at planning, a mask that cannot hold its sequence's length where that is
+    known without evaluating it (``Mask.check_length``: a ``DocumentMask`` whose documents do not sum to
+    the length, a ``RangesMask`` of another length): ``InvalidMaskError`` naming the sequence, as
+    ``BatchSpec.kv_ranges`` would at planning."""
+    from dcp.errors import InvalidMaskError
+
+    seen: set = set()
+    for seq, (m, n) in enumerate(zip(masks, lens.tolist())):
+        key = (id(m), n)  # masks repeat (one for all sequences): check each (mask, length) once
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            m.check_length(n)
+        except InvalidMaskError as err:
+            raise InvalidMaskError(f"sequence {seq} (length {n}): {err}") from None
 
 
 def _mask(m, i: int) -> Mask:

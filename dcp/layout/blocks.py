@@ -5,9 +5,9 @@ device. Query heads are cut into *head blocks* of ``head_block_size`` heads; hea
 heads its query heads map to under GQA. A *tile* is a (q token block, kv token block, head block) triple
 of one sequence whose mask area is non-empty; it is *full* when every (q, kv) pair is unmasked.
 
-Counting the unmasked pairs of every tile is vectorized: each KV range of each query token adds its
-overlap with every KV block it spans (first and last blocks partially, interior blocks fully through a
-difference array), accumulated with ``np.bincount``.
+Counting the unmasked pairs of every tile is exact and vectorized (``dcp.masks.box_counts``): each KV range
+of each query token adds its overlap with every KV block it spans, or, for masks of many ranges per
+token, a cached bitmap index of the mask answers any block boundaries in O(tokens x blocks).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from dcp.errors import InvalidBatchError, InvalidConfigError
+from dcp.masks.box_counts import box_counts
 from dcp.spec import BatchSpec
 
 
@@ -133,34 +134,13 @@ class TileSet:
 
 
 def pair_counts(ranges_tr2: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Unmasked pair counts between the blocks of one sequence: int64 ``[n_blocks, n_blocks]`` (q, kv)."""
-    nb = bounds.size - 1
-    seqlen = int(bounds[-1])
-    lens = np.diff(bounds)
-    r = ranges_tr2.shape[1]
-    s = ranges_tr2[:, :, 0].reshape(-1).astype(np.int64)
-    e = ranges_tr2[:, :, 1].reshape(-1).astype(np.int64)
-    if nb == 1:
-        return np.array([[int((e - s).sum())]], dtype=np.int64)
-    tok_block = np.searchsorted(bounds, np.arange(seqlen), side="right") - 1
-    g = np.repeat(tok_block, r)
-    used = e > s
-    s, e, g = s[used], e[used], g[used]
-    js = np.searchsorted(bounds, s, side="right") - 1
-    je = np.searchsorted(bounds, e - 1, side="right") - 1
-    same = js == je
-    w_first = np.where(same, e - s, bounds[js + 1] - s)
-    counts = np.bincount(g * nb + js, weights=w_first, minlength=nb * nb)
-    diff = ~same
-    counts += np.bincount(g[diff] * nb + je[diff], weights=(e - bounds[je])[diff], minlength=nb * nb)
-    inner = diff & (je > js + 1)
-    if inner.any():
-        gi = g[inner] * (nb + 1)
-        ind = np.bincount(gi + js[inner] + 1, minlength=nb * (nb + 1)) - \
-            np.bincount(gi + je[inner], minlength=nb * (nb + 1))
-        spans = np.cumsum(ind.reshape(nb, nb + 1), axis=1)[:, :nb]
-        counts += (spans * lens[None, :]).reshape(-1)
-    return np.rint(counts).astype(np.int64).reshape(nb, nb)
+    """Unmasked pair counts between the blocks of one sequence: int64 ``[n_blocks, n_blocks]`` (q, kv).
+
+    Exact (``dcp.masks.box_counts``): one pass over the ranges for masks of few ranges per query; for
+    masks of many (strided, dilated) a bitmap index of the mask, built once per ``BatchSpec`` array and
+    cached, so that a planner trying dozens of layouts pays O(queries x blocks) per layout, not O(ranges).
+    """
+    return box_counts(ranges_tr2, bounds, bounds)
 
 
 def tile_flops(spec: BatchSpec, layout: BlockLayout, unmasked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,18 @@ class Mask(abc.ABC):
     def kv_ranges(self, seqlen: int) -> np.ndarray:
         """KV ranges per query token: int32 ``[seqlen, R, 2]`` (see module docstring)."""
 
+    def check_length(self, seqlen: int) -> None:
+        """Raise ``InvalidMaskError`` if the mask cannot be evaluated for ``seqlen`` tokens, when that is
+        known without evaluating it (a ``BatchSpec`` calls this on construction). Default: no check."""
+
+    def validated_ranges(self, seqlen: int, num_heads: int | None = None) -> np.ndarray:
+        """``kv_ranges(seqlen)`` checked by ``validate_ranges``, read-only: what a ``BatchSpec`` plans with.
+        ``num_heads``: the model's query heads (a mask_mod is probed for head dependence only at heads
+        that exist). Masks whose ranges are valid by construction return them without a copy."""
+        out = validate_ranges(self.kv_ranges(seqlen), seqlen)
+        out.setflags(write=False)
+        return out
+
     def describe(self) -> dict:
         """JSON-able description ``{"name": ..., **params}``; ``masks.from_description`` inverts it."""
         import dataclasses
@@ -62,29 +74,41 @@ def ranges_to_dense(ranges_tr2: np.ndarray, seqlen: int) -> np.ndarray:
 def validate_ranges(ranges_tr2: np.ndarray, seqlen: int) -> np.ndarray:
     """Check the contract of ``kv_ranges`` and return the array as contiguous int32.
 
-    Raises ``InvalidMaskError`` naming the first offending token.
+    Raises ``InvalidMaskError`` naming the first offending token. Checked in chunks of rows, so that the
+    temporaries of a mask of thousands of ranges per token stay small.
     """
     arr = np.asarray(ranges_tr2)
     if arr.ndim != 3 or arr.shape[0] != seqlen or arr.shape[2] != 2 or arr.shape[1] < 1:
         raise InvalidMaskError(f"KV ranges must have shape [{seqlen}, R>=1, 2], got {arr.shape}")
     if not np.issubdtype(arr.dtype, np.integer):
         raise InvalidMaskError(f"KV ranges must be integers, got dtype {arr.dtype}")
+    step = max(1, VALIDATE_CHUNK // arr.shape[1])
+    for t0 in range(0, arr.shape[0], step):
+        _check_rows(arr[t0: t0 + step], seqlen, t0)
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+#: range slots checked at once by ``validate_ranges``
+VALIDATE_CHUNK = 1 << 20
+
+
+def _check_rows(arr: np.ndarray, seqlen: int, t0: int) -> None:
+    """``validate_ranges`` on rows ``t0 ..`` of the array (``arr`` holds just those rows)."""
     starts, ends = arr[:, :, 0], arr[:, :, 1]
     bad = (starts < 0) | (ends > seqlen) | (ends < starts)
     if bad.any():
         t, r = np.argwhere(bad)[0]
         raise InvalidMaskError(
-            f"query token {t}: range {tuple(arr[t, r])} lies outside [0, {seqlen}] or is reversed")
+            f"query token {t0 + t}: range {tuple(arr[t, r])} lies outside [0, {seqlen}] or is reversed")
     used = ends > starts
     # used ranges come first; each starts at or after the previous one's end
     if (~used[:, :-1] & used[:, 1:]).any():
         t = int(np.argwhere(~used[:, :-1] & used[:, 1:])[0, 0])
-        raise InvalidMaskError(f"query token {t}: an empty range precedes a non-empty one")
+        raise InvalidMaskError(f"query token {t0 + t}: an empty range precedes a non-empty one")
     overlap = used[:, 1:] & (starts[:, 1:] < ends[:, :-1])
     if overlap.any():
         t = int(np.argwhere(overlap)[0, 0])
-        raise InvalidMaskError(f"query token {t}: ranges {arr[t].tolist()} overlap or are unsorted")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+        raise InvalidMaskError(f"query token {t0 + t}: ranges {arr[t].tolist()} overlap or are unsorted")
 
 
 def dense_to_ranges(allowed_tk: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Document mask: a sequence packing several documents, each masked by ``inner`` on its own.
 
 ``doc_lengths`` are the documents' token counts in order; they must sum to the evaluated sequence
-length. Document i occupies [o_i, o_i + n_i) and its tokens use ``inner.kv_ranges(n_i)`` shifted by o_i,
+length (``check_length``: a ``BatchSpec`` refuses a mismatch on construction). Document i occupies [o_i, o_i + n_i) and its tokens use ``inner.kv_ranges(n_i)`` shifted by o_i,
 so no token ever attends across a document boundary. The result is padded to the largest number of
 range slots over all documents.
 """
@@ -35,12 +35,17 @@ class DocumentMask(Mask):
     def describe(self) -> dict:
         return {"name": self.name, "doc_lengths": list(self.doc_lengths), "inner": self.inner.describe()}
 
-    def kv_ranges(self, seqlen: int) -> np.ndarray:
-        seqlen = check_seqlen(seqlen)
+    def check_length(self, seqlen: int) -> None:
         total = sum(self.doc_lengths)
         if total != seqlen:
             raise InvalidMaskError(
                 f"document: doc_lengths sum to {total} but the sequence has {seqlen} tokens")
+        for n in sorted(set(self.doc_lengths)):
+            self.inner.check_length(n)
+
+    def kv_ranges(self, seqlen: int) -> np.ndarray:
+        seqlen = check_seqlen(seqlen)
+        self.check_length(seqlen)
         lengths = np.asarray(self.doc_lengths, dtype=np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
         # evaluate the inner mask once per distinct document length

@@ -3,7 +3,9 @@
 A mask_mod is a callable ``fn(q_idx, kv_idx) -> bool array`` (or FlexAttention's four-argument form
 ``fn(b, h, q_idx, kv_idx)``; ``b`` and ``h`` are passed as 0, and since a dcp mask is shared by every
 head, sample rows are also evaluated at other ``b`` / ``h`` and a predicate that depends on them is
-refused with ``InvalidMaskError``) that works elementwise on broadcast integer arrays.
+refused with ``InvalidMaskError``; with ``num_heads`` known — a ``BatchSpec`` passes its own — only heads
+the model has are probed, so a mask_mod reading per-head tables that are equal for every head is fine)
+that works elementwise on broadcast integer arrays.
 
 Three ways to evaluate it (``method``):
 
@@ -12,7 +14,9 @@ Three ways to evaluate it (``method``):
 - ``"blocks"`` — FlexAttention-style block masks, exact: blocks of pairs are classified full / empty /
   partial by evaluating the mask_mod once on *bounds* of its index arrays (``dcp.masks.bounds``), partial
   blocks are split down to 16 x 16 leaves, and only the pairs of partial leaves are evaluated on concrete
-  indices (``dcp.masks.mask_mod_blocks``). Raises ``InvalidMaskError`` if the bounds cannot follow the
+  indices (``dcp.masks.mask_mod_blocks``). A partial block whose every column is constant over its rows
+  (a strided mask far from the diagonal) is a *pattern*, none of its pairs evaluated and its rows written
+  by broadcasting (``dcp.masks.mask_mod_bands``). Raises ``InvalidMaskError`` if the bounds cannot follow the
   mask_mod (e.g. it looks up a NumPy array: use a torch tensor for lookup tables).
 - ``"auto"`` (default) — ``"blocks"``, or, where the bounds cannot follow the mask_mod, every pair
   evaluated in row chunks with a transition encoder into reused buffers (a warning says why when the
@@ -44,16 +48,17 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from dcp.errors import InvalidMaskError
-from dcp.masks import mask_mod_cache
+from dcp.masks import box_counts, mask_mod_cache
 from dcp.masks.base import Mask, check_int, check_seqlen, dense_to_ranges
 from dcp.masks.bounds import Refused
 from dcp.masks.mask_mod_blocks import BlockEvaluator, BlockStats, dense_ranges
+from dcp.masks.progress import ProgressArg, reporter
 from dcp.masks.ranges import RangesMask
 
 #: default bound on the number of (query, key) pairs evaluated at once
@@ -164,26 +169,44 @@ class ConcreteMaskMod:
         return out.cpu().numpy() if hasattr(out, "cpu") else out
 
 
-#: (batch, head) indices a four-argument mask_mod is also evaluated at, on sample rows
+#: (batch, head) indices a four-argument mask_mod is also evaluated at, on sample rows, when the model's
+#: head count is not known; with ``num_heads`` given, heads 1, 2, 3, 7 and the last one below it
 OTHER_BATCH_HEADS = ((0, 1), (0, 2), (0, 3), (0, 7), (1, 0), (2, 0))
 SAMPLE_ROWS = 16
 
 
-def _check_shared_by_heads(concrete: ConcreteMaskMod, seqlen: int) -> None:
+def probe_points(num_heads: int | None) -> tuple[tuple[int, int], ...]:
+    """The (b, h) a four-argument mask_mod is compared at against (0, 0): only heads the model has."""
+    if num_heads is None:
+        return OTHER_BATCH_HEADS
+    heads = sorted({h for h in (1, 2, 3, 7, num_heads - 1) if 0 < h < num_heads})
+    return tuple((0, h) for h in heads) + tuple(bh for bh in OTHER_BATCH_HEADS if bh[0])
+
+
+def _check_shared_by_heads(concrete: ConcreteMaskMod, seqlen: int, num_heads: int | None = None) -> None:
     """A dcp mask is one per sequence, shared by every head and batch entry; FlexAttention's mask_mod may
-    depend on ``b`` and ``h``. Evaluate sample rows at other (b, h) and refuse a predicate that changes."""
+    depend on ``b`` and ``h``. Evaluate sample rows at other (b, h) (``probe_points``: only heads below
+    ``num_heads`` when it is known) and refuse a predicate that changes. A mask_mod that fails at a head
+    it is probed at is refused too (name the model's head count to probe only heads it has); one that
+    fails at a batch index b >= 1 is not probed there: its tables hold one batch entry (packed
+    sequences), and dcp evaluates it at b = 0 only."""
     fn = concrete.fn
     rows = np.unique(np.linspace(0, seqlen - 1, min(seqlen, SAMPLE_ROWS)).astype(np.int64))[:, None]
     kv_idx = np.arange(seqlen, dtype=np.int64)[None, :]
     base = concrete.at(rows, kv_idx, 0, 0)  # resolves the backend (InvalidMaskError if none works)
-    for b, h in OTHER_BATCH_HEADS:
+    for b, h in probe_points(num_heads):
         try:
             other = concrete.at(rows, kv_idx, b, h)
         except InvalidMaskError:
             raise
         except Exception as exc:
+            if b:
+                continue
+            hint = ("" if num_heads is not None else f". If the model has at most {h} heads, say so: "
+                    f"num_heads= (a BatchSpec passes its own)")
             raise InvalidMaskError(f"mask_mod {fn!r} failed for b={b}, h={h} ({exc!r}); dcp evaluates it at "
-                                   f"b = h = 0 and applies it to every head, so it must not depend on them") from exc
+                                   f"b = h = 0 and applies it to every head, so it must not depend on them"
+                                   f"{hint}") from exc
         diff = np.flatnonzero((other != base).any(axis=1))
         if diff.size:
             which, fix = (("head index h", "dcp cannot mask heads differently") if b == 0 else
@@ -230,9 +253,17 @@ def _resolve_device(device: Any) -> Any:
 
 
 def evaluate_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
-                      method: str = "auto", device: Any = "cpu", leaf: int = 16
-                      ) -> tuple[np.ndarray, BlockStats]:
+                      method: str = "auto", device: Any = "cpu", leaf: int = 16, num_heads: int | None = None,
+                      progress: ProgressArg = None) -> tuple[np.ndarray, BlockStats]:
     """KV ranges ``[seqlen, R, 2]`` (int32) of ``fn`` and what the evaluation did (uncached)."""
+    ranges, stats, _ = _evaluate(fn, seqlen, chunk, backend, method, device, leaf, num_heads, progress)
+    return ranges, stats
+
+
+def _evaluate(fn: Callable, seqlen: int, chunk: int | None, backend: str, method: str, device: Any, leaf: int,
+              num_heads: int | None, progress: ProgressArg) -> tuple[np.ndarray, BlockStats, Any]:
+    """``evaluate_mask_mod`` plus (the result's ``RangesIndex``, its ``range_profile``) where the blockwise
+    path made them (else None)."""
     seqlen = check_seqlen(seqlen)
     if not callable(fn):
         raise InvalidMaskError(f"mask_mod must be callable, got {fn!r}")
@@ -244,56 +275,83 @@ def evaluate_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backe
     leaf = check_int(leaf, "mask_mod: leaf", 1)
     if leaf & (leaf - 1):
         raise InvalidMaskError(f"mask_mod: leaf must be a power of two, got {leaf}")
+    if num_heads is not None:
+        num_heads = check_int(num_heads, "mask_mod: num_heads", 1)
     nargs = _num_args(fn)
     torch_device = _resolve_device(device)
     concrete = ConcreteMaskMod(fn, nargs, backend, torch_device)
     if nargs == 4:
-        _check_shared_by_heads(concrete, seqlen)
+        _check_shared_by_heads(concrete, seqlen, num_heads)
     stats = BlockStats(seqlen=seqlen, leaf=leaf)
     if method == "dense":
         stats.exact_pairs = seqlen * seqlen
-        return _reference_ranges(concrete, seqlen, rows), stats
-    blocks = BlockEvaluator(fn, nargs, seqlen, concrete, leaf=leaf)
+        return _reference_ranges(concrete, seqlen, rows), stats, (None, None)
+    report = reporter(progress, f"mask_mod {getattr(fn, '__qualname__', fn)!r} on {seqlen:,} tokens")
     try:
-        return blocks.ranges(), blocks.stats
-    except Refused as why:
-        if method == "blocks":
-            raise InvalidMaskError(f"mask_mod {getattr(fn, '__qualname__', fn)!r} cannot be evaluated blockwise: "
-                                   f"{why} (see dcp.masks.bounds for what can)") from None
-        stats.fallback = str(why)
-    if seqlen >= WARN_DENSE_SEQLEN:
-        warnings.warn(f"mask_mod {getattr(fn, '__qualname__', fn)!r}: evaluating all {seqlen}^2 (q, kv) pairs, "
-                      f"since its blocks cannot be bounded ({stats.fallback}); see dcp.masks.bounds for what "
-                      "can (e.g. lookups in torch tensors rather than NumPy arrays)", stacklevel=3)
-    return dense_ranges(concrete, seqlen, chunk_elements=rows * seqlen, stats=stats), stats
+        blocks = BlockEvaluator(fn, nargs, seqlen, concrete, leaf=leaf, progress=report)
+        try:
+            return blocks.ranges(), blocks.stats, (blocks.index, blocks.profile)
+        except Refused as why:
+            if method == "blocks":
+                raise InvalidMaskError(f"mask_mod {getattr(fn, '__qualname__', fn)!r} cannot be evaluated blockwise: "
+                                       f"{why} (see dcp.masks.bounds for what can)") from None
+            stats.fallback = str(why)
+        if seqlen >= WARN_DENSE_SEQLEN:
+            warnings.warn(f"mask_mod {getattr(fn, '__qualname__', fn)!r}: evaluating all {seqlen}^2 (q, kv) pairs, "
+                          f"since its blocks cannot be bounded ({stats.fallback}); see dcp.masks.bounds for what "
+                          "can (e.g. lookups in torch tensors rather than NumPy arrays)", stacklevel=4)
+        return dense_ranges(concrete, seqlen, chunk_elements=rows * seqlen, stats=stats, progress=report), stats, \
+            (None, None)
+    finally:
+        if report is not None:
+            report.close()
+
+
+def shared_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
+                  method: str = "auto", device: Any = "cpu", leaf: int = 16, cache: bool = True,
+                  num_heads: int | None = None, progress: ProgressArg = None) -> np.ndarray:
+    """``mask_mod_ranges`` as one read-only array, the cache's own (not a copy): what a ``RangesMask`` or
+    a ``BatchSpec`` holds. A blockwise result of many ranges per row comes with its pair-count index
+    (``dcp.masks.box_counts``), so that planning with it does not build one from the ranges."""
+    options = (check_seqlen(seqlen), chunk, backend, method, str(device), leaf, num_heads)
+    if cache and callable(fn):
+        hit = mask_mod_cache.lookup(fn, options, copy=False)
+        if hit is not None:
+            return hit
+    ranges, _, (index, profile) = _evaluate(fn, seqlen, chunk, backend, method, device, leaf, num_heads, progress)
+    if ranges.base is not None:  # a view (the dense paths): own the data, so that it can be read-only
+        ranges = ranges.copy()
+    ranges.setflags(write=False)
+    if index is not None or profile is not None:
+        box_counts.register_index(ranges, index, profile)
+    if cache:
+        mask_mod_cache.store(fn, options, ranges, take=True)
+    return ranges
 
 
 def mask_mod_ranges(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
                     method: str = "auto", device: Any = "cpu", leaf: int = 16,
-                    cache: bool = True) -> np.ndarray:
-    """KV ranges ``[seqlen, R, 2]`` (int32) of the predicate ``fn`` (see the module docstring)."""
-    options = (check_seqlen(seqlen), chunk, backend, method, str(device), leaf)
-    if cache and callable(fn):
-        hit = mask_mod_cache.lookup(fn, options)
-        if hit is not None:
-            return hit
-    ranges, _ = evaluate_mask_mod(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device,
-                                  leaf=leaf)
-    if cache:
-        mask_mod_cache.store(fn, options, ranges)
-    return ranges
+                    cache: bool = True, num_heads: int | None = None, progress: ProgressArg = None) -> np.ndarray:
+    """KV ranges ``[seqlen, R, 2]`` (int32) of the predicate ``fn`` (see the module docstring): a fresh,
+    writable array."""
+    return shared_ranges(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device, leaf=leaf,
+                         cache=cache, num_heads=num_heads, progress=progress).copy()
 
 
 def from_mask_mod(fn: Callable, seqlen: int, chunk: int | None = None, backend: str = "auto",
-                  method: str = "auto", device: Any = "cpu", cache: bool = True) -> RangesMask:
+                  method: str = "auto", device: Any = "cpu", cache: bool = True, num_heads: int | None = None,
+                  progress: ProgressArg = None) -> RangesMask:
     """Materialize the predicate ``fn(q_idx, kv_idx)`` for a ``seqlen``-token sequence as a RangesMask.
 
     ``chunk`` is the number of query rows the dense paths evaluate at once (default: ``2**24 // seqlen``);
     ``backend`` picks the index array type: "numpy", "torch", or "auto" (see the module docstring, as for
-    ``method``, ``device`` and ``cache``).
+    ``method``, ``device`` and ``cache``). ``num_heads``: the model's query heads, for a four-argument
+    mask_mod built from per-head tables (it is probed for head dependence at those heads only).
+    ``progress``: None (a line on stderr every few seconds once it has run for a few: ``dcp.masks.progress``),
+    False, or a callable ``fn(fraction_done)``.
     """
-    return RangesMask(mask_mod_ranges(fn, seqlen, chunk=chunk, backend=backend, method=method, device=device,
-                                      cache=cache))
+    return RangesMask.from_valid(shared_ranges(fn, seqlen, chunk=chunk, backend=backend, method=method,
+                                               device=device, cache=cache, num_heads=num_heads, progress=progress))
 
 
 @dataclass(frozen=True)
@@ -311,6 +369,9 @@ class MaskModMask(Mask):
     method: str = "auto"
     device: Any = "cpu"
     cache: bool = True
+    #: the model's query heads, if known (a ``BatchSpec`` passes its own): see ``from_mask_mod``
+    num_heads: int | None = None
+    progress: Any = field(default=None, compare=False)
 
     def __post_init__(self):
         if not callable(self.fn):
@@ -328,5 +389,11 @@ class MaskModMask(Mask):
                 "method": self.method}
 
     def kv_ranges(self, seqlen: int) -> np.ndarray:
-        return mask_mod_ranges(self.fn, seqlen, backend=self.backend, method=self.method, device=self.device,
-                               cache=self.cache)
+        return self.validated_ranges(seqlen).copy()
+
+    def validated_ranges(self, seqlen: int, num_heads: int | None = None) -> np.ndarray:
+        """The cached read-only ranges (valid by construction); ``num_heads``: the model's, else the
+        mask's own."""
+        return shared_ranges(self.fn, seqlen, backend=self.backend, method=self.method, device=self.device,
+                             cache=self.cache, num_heads=self.num_heads if num_heads is None else num_heads,
+                             progress=self.progress)

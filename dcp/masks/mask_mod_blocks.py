@@ -3,12 +3,15 @@
 For a sequence of L tokens the (query, key) square is cut into row *stripes* of C rows (C a power of two,
 about L / 64) and each stripe into C x C blocks. Each block is classified by one abstract call of the
 mask_mod (``dcp.masks.bounds``): *full* (allowed on every pair), *empty* (masked on every pair) or
-*partial* (anything else, including every block the bounds refuse to follow). Partial blocks are split
-into four and classified again, down to ``leaf`` x ``leaf`` blocks, whose pairs are then evaluated exactly
-with concrete index arrays. A stripe's KV ranges are assembled from the full blocks and the exact values
-of the partial leaves, without any dense copy of the stripe: every full block contributes one segment
-per row, every exact leaf row its runs of True (found from transitions), and touching segments of a row
-are merged (``segments_to_ranges``).
+*partial* (anything else, including every block the bounds refuse to follow). A partial block above the
+leaf size has its columns classified next, each over the block's rows: if every column is full or empty
+the block is a *pattern* (``kv % 8 == 0`` far from the diagonal: the same keys in every row) and is done.
+The other partial blocks are split into four and classified again, down to ``leaf`` x ``leaf`` blocks,
+whose pairs are then evaluated exactly with concrete index arrays. A stripe's KV ranges are assembled
+without any dense copy of the stripe (``dcp.masks.mask_mod_bands``): the columns of the coarse blocks
+decided whole (empty, full, pattern) are shared by all the stripe's rows and written by broadcasting;
+inside the split ones every full block contributes one segment per row, every pattern its runs per row,
+every exact leaf row its runs of True (found from transitions), and touching segments of a row merge.
 
 Exactness rests on the bounds being sound (see ``dcp.masks.bounds``): a block is skipped only when they
 prove the mask_mod constant on it. Concrete evaluations here pass ``q_idx`` of shape ``[P, s, 1]`` and
@@ -30,6 +33,9 @@ import numpy as np
 
 from dcp.masks.bounds import INT64, BoolBounds, Bounds, IntBounds, Refused, Trace, lift, truth
 from dcp.masks.bounds_lookup import TableCache
+from dcp.masks.box_counts import INDEX_MIN_BUDGET, index_bytes
+from dcp.masks.mask_mod_bands import (SHARED_EMPTY, SHARED_FULL, VARIES, assemble_band, bands_index, bands_profile,
+                                     write_bands)
 
 EMPTY, FULL, PARTIAL = 0, 1, 2
 #: pairs evaluated exactly per concrete call (bounds the predicate's temporaries)
@@ -38,6 +44,11 @@ FINE_CHUNK = 1 << 22
 BLOCK_CHUNK = 1 << 16
 #: stripes per sequence the coarse block size aims at
 TARGET_STRIPES = 64
+#: a result with at least this many ranges per row on average also gets its pair-count index
+INDEX_RANGES_PER_ROW = 16
+#: partial blocks of at least this size are tried as column patterns, after this many sampled columns
+PATTERN_MIN_SIZE = 64
+PATTERN_PROBES = 32
 
 
 @dataclass
@@ -50,6 +61,7 @@ class BlockStats:
     full_blocks: int = 0
     empty_blocks: int = 0
     partial_leaves: int = 0
+    pattern_blocks: int = 0  # partial blocks whose every column is constant over the block's rows
     refused_calls: int = 0
     abstract_calls: int = 0
     exact_calls: int = 0
@@ -209,15 +221,32 @@ def _leaf_indices(q0: np.ndarray, k0: np.ndarray, size: int, seqlen: int
     return np.minimum(q, seqlen - 1), np.minimum(kv, seqlen - 1), q < seqlen, kv < seqlen
 
 
+@dataclass(frozen=True, eq=False)
+class StripeBlocks:
+    """What the classification of one stripe (rows ``s0 .. s1``) found: ``shared`` int8 ``[L]``, the state
+    of every column over the whole stripe (``mask_mod_bands``: empty, full, or varies by row: inside a
+    coarse block that was split); inside the split blocks, full squares ``full = (q0, k0, size)``,
+    column patterns ``patterns = [(q0, k0, size, allowed_cols bool [P, size]), ...]`` (one per level) and
+    partial leaves ``leaves = (q0, k0)`` (int64 arrays)."""
+
+    s0: int
+    s1: int
+    shared: np.ndarray
+    full: tuple[np.ndarray, np.ndarray, np.ndarray]
+    patterns: list
+    leaves: tuple[np.ndarray, np.ndarray]
+
+
 class BlockEvaluator:
     """Blockwise KV ranges of one mask_mod for one length (see the module docstring).
 
     ``concrete(q_idx, kv_idx)`` evaluates the mask_mod on index arrays and returns a boolean NumPy array
-    of their broadcast shape, or a torch bool tensor when it runs on an accelerator.
+    of their broadcast shape, or a torch bool tensor when it runs on an accelerator. ``progress``, if
+    given, is called with the fraction done (stripes classified, then the output written).
     """
 
     def __init__(self, fn: Callable, nargs: int, seqlen: int, concrete: Callable, leaf: int = 16,
-                 coarse: int | None = None):
+                 coarse: int | None = None, progress: Callable[[float], None] | None = None):
         self.fn, self.nargs, self.seqlen = fn, nargs, seqlen
         self.concrete = concrete
         self.leaf = leaf
@@ -226,30 +255,54 @@ class BlockEvaluator:
         self.coarse = max(leaf, coarse)
         self.tables = TableCache()
         self.stats = BlockStats(seqlen=seqlen, coarse=self.coarse, leaf=leaf)
+        self.progress = progress
+        self._rng = np.random.default_rng(0)  # sampled columns (fixed: the same work on every run)
+        #: the ``RangesIndex`` of the result, when ``ranges()`` built one (masks of many ranges per row), and
+        #: its ``box_counts.range_profile``
+        self.index = None
+        self.profile = None
 
     # --- abstract
-    def _classify(self, q0: np.ndarray, k0: np.ndarray, size: int) -> np.ndarray:
-        status = np.empty(q0.size, dtype=np.int8)
-        last = self.seqlen - 1
-        for a in range(0, q0.size, BLOCK_CHUNK):
-            qs, ks = q0[a: a + BLOCK_CHUNK], k0[a: a + BLOCK_CHUNK]
+    def _classify(self, q_lo: np.ndarray, q_hi: np.ndarray, k_lo: np.ndarray, k_hi: np.ndarray) -> np.ndarray:
+        """Status of the rectangles ``q_lo..q_hi`` x ``k_lo..k_hi`` (inclusive), in chunks of abstract calls."""
+        status = np.empty(q_lo.size, dtype=np.int8)
+        for a in range(0, q_lo.size, BLOCK_CHUNK):
+            sl = slice(a, a + BLOCK_CHUNK)
             self.stats.abstract_calls += 1
             try:
-                status[a: a + qs.size] = classify(self.fn, self.nargs, qs, np.minimum(qs + size - 1, last), ks,
-                                                  np.minimum(ks + size - 1, last), self.tables)
+                status[sl] = classify(self.fn, self.nargs, q_lo[sl], q_hi[sl], k_lo[sl], k_hi[sl], self.tables)
             except Refused as why:
                 if self.stats.abstract_calls == 1:
                     raise  # the very first call: the mask_mod is out of the bounds' reach
                 self.stats.refused_calls += 1
                 if len(self.stats.refusals) < 4:
                     self.stats.refusals.append(str(why))
-                status[a: a + qs.size] = PARTIAL  # exact evaluation below decides these blocks
+                status[sl] = PARTIAL  # exact evaluation below decides these blocks
+        return status
+
+    def _squares(self, q0: np.ndarray, k0: np.ndarray, size: int) -> np.ndarray:
+        last = self.seqlen - 1
+        return self._classify(q0, np.minimum(q0 + size - 1, last), k0, np.minimum(k0 + size - 1, last))
+
+    def _columns(self, q0: np.ndarray, k0: np.ndarray, size: int, offsets: np.ndarray | None = None) -> np.ndarray:
+        """Status of the columns ``k0 + offsets`` (default: all ``size``) of the blocks ``(q0, k0)`` of
+        ``size`` x ``size``, each over the block's rows: int8 ``[P, len(offsets)]`` (columns past the
+        sequence: EMPTY). A block whose columns are all FULL or EMPTY holds the same keys in each of its
+        rows (a column pattern): no row of it needs evaluating."""
+        offsets = np.arange(size, dtype=np.int64) if offsets is None else offsets
+        cols = k0[:, None] + offsets[None, :]
+        inside = cols < self.seqlen
+        q_lo = np.broadcast_to(q0[:, None], cols.shape)[inside]
+        q_hi = np.minimum(q_lo + size - 1, self.seqlen - 1)
+        status = np.full(cols.shape, EMPTY, dtype=np.int8)
+        status[inside] = self._classify(q_lo, q_hi, cols[inside], cols[inside])
         return status
 
     # --- concrete
     def _exact_segments(self, q0: np.ndarray, k0: np.ndarray, size: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Runs of allowed keys of the leaves ``(q0, k0)`` of ``size`` x ``size``, evaluated exactly."""
+        """Runs of allowed keys of the leaves ``(q0, k0)`` of ``size`` x ``size``, evaluated exactly: sorted
+        by leaf, then row, then start."""
         rows, starts, ends = [], [], []
         per_call = max(1, FINE_CHUNK // (size * size))
         for a in range(0, q0.size, per_call):
@@ -275,83 +328,129 @@ class BlockEvaluator:
             rows.append(qs[leaf_of] + i)
             starts.append(ks[leaf_of] + s)
             ends.append(ks[leaf_of] + e)
+        if not rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
         return np.concatenate(rows), np.concatenate(starts), np.concatenate(ends)
 
     # --- one stripe
-    def classify_stripe(self, s0: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Blocks of the stripe of rows ``s0 .. s0 + coarse``: the full ones ``(q0, k0, size)`` and the
-        partial leaves ``(q0, k0)`` (of ``leaf`` x ``leaf``), int64 arrays."""
-        size = self.coarse
-        k0 = np.arange(0, self.seqlen, size, dtype=np.int64)
+    def classify_stripe(self, s0: int) -> StripeBlocks:
+        """Blocks of the stripe of rows ``s0 .. s0 + coarse`` (``StripeBlocks``). Partial blocks above the
+        leaf size whose columns are each constant over the block's rows become patterns; the others split
+        into four, down to partial leaves of ``leaf`` x ``leaf``."""
+        size, n = self.coarse, self.seqlen
+        k0 = np.arange(0, n, size, dtype=np.int64)
         q0 = np.full(k0.size, s0, dtype=np.int64)
-        full_q, full_k, full_size = [], [], []
+        shared = np.full(n, VARIES, dtype=np.int8)
+        full_parts: list[tuple] = []
+        patterns: list[tuple] = []
+        top = True
         while True:
-            status = self._classify(q0, k0, size)
-            full = status == FULL
-            full_q.append(q0[full])
-            full_k.append(k0[full])
-            full_size.append(np.full(int(full.sum()), size, dtype=np.int64))
+            status = self._squares(q0, k0, size)
+            full, part = status == FULL, status == PARTIAL
             self.stats.full_blocks += int(full.sum())
             self.stats.empty_blocks += int((status == EMPTY).sum())
-            part = status == PARTIAL
+            if top:  # coarse blocks decided for the whole stripe
+                shared[:] = np.repeat(np.where(full, SHARED_FULL, np.where(part, VARIES, SHARED_EMPTY)), size)[:n]
+            else:
+                full_parts.append((q0[full], k0[full], np.full(int(full.sum()), size, dtype=np.int64)))
             q0, k0 = q0[part], k0[part]
+            if size >= PATTERN_MIN_SIZE and size > self.leaf and q0.size:
+                # a few columns first (at random: no aliasing with a stride): most partial blocks (diagonals,
+                # lookups) have a partial one
+                sample = np.unique(self._rng.integers(0, size, PATTERN_PROBES))
+                maybe = np.flatnonzero((self._columns(q0, k0, size, sample) != PARTIAL).all(axis=1))
+                cols = self._columns(q0[maybe], k0[maybe], size)
+                pattern = np.zeros(q0.size, dtype=bool)
+                pattern[maybe[(cols != PARTIAL).all(axis=1)]] = True
+                cols = cols[(cols != PARTIAL).all(axis=1)]
+                self.stats.pattern_blocks += int(pattern.sum())
+                if top:
+                    for kb, c in zip(k0[pattern].tolist(), cols):
+                        shared[kb: kb + size] = np.where(c == FULL, SHARED_FULL, SHARED_EMPTY)[: n - kb]
+                else:
+                    patterns.append((q0[pattern], k0[pattern], size, cols == FULL))
+                q0, k0 = q0[~pattern], k0[~pattern]
+            top = False
             if size <= self.leaf or q0.size == 0:
                 break
             size //= 2  # four children per partial block; those starting past the sequence are dropped
             q0 = (q0[:, None] + np.array([0, 0, size, size])).reshape(-1)
             k0 = (k0[:, None] + np.array([0, size, 0, size])).reshape(-1)
-            keep = (q0 < self.seqlen) & (k0 < self.seqlen)
+            keep = (q0 < n) & (k0 < n)
             q0, k0 = q0[keep], k0[keep]
         self.stats.partial_leaves += q0.size
-        return np.concatenate(full_q), np.concatenate(full_k), np.concatenate(full_size), q0, k0
+        full = tuple(np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in zip(*full_parts)) \
+            if full_parts else (np.zeros(0, dtype=np.int64),) * 3
+        return StripeBlocks(s0, min(n, s0 + self.coarse), shared, full, patterns, (q0, k0))
 
-    def _full_segments(self, q0: np.ndarray, k0: np.ndarray, size: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One segment per row of each full block (blocks side by side with the same rows merged first)."""
-        if q0.size == 0:
-            return q0, q0, q0
-        q1 = np.minimum(q0 + size, self.seqlen)
-        k1 = np.minimum(k0 + size, self.seqlen)
-        order = np.lexsort((k0, q1, q0))
-        q0, q1, k0, k1 = q0[order], q1[order], k0[order], k1[order]
-        new = np.ones(q0.size, dtype=bool)
-        new[1:] = (q0[1:] != q0[:-1]) | (q1[1:] != q1[:-1]) | (k0[1:] != k1[:-1])
-        first = np.flatnonzero(new)
-        last = np.append(first[1:], q0.size) - 1
-        q0, q1, k0, k1 = q0[first], q1[first], k0[first], k1[last]
-        heights = q1 - q0
-        block = np.repeat(np.arange(q0.size), heights)
-        row = q0[block] + np.arange(block.size) - np.repeat(np.cumsum(heights) - heights, heights)
-        return row, k0[block], k1[block]
+    def _block_segments(self, blocks: StripeBlocks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-row segments of the stripe's full squares and patterns (inside its split coarse blocks):
+        each block's segments by run, then row, so that a row meets them in key order."""
+        n = self.seqlen
+        rows, starts, ends = [], [], []
+        q0, k0, size = blocks.full
+        if q0.size:
+            height = np.minimum(q0 + size, n) - q0
+            idx = np.repeat(np.arange(q0.size), height)
+            rows.append(q0[idx] + np.arange(idx.size) - np.repeat(np.cumsum(height) - height, height))
+            starts.append(k0[idx])
+            ends.append(np.minimum(k0 + size, n)[idx])
+        for q0, k0, size, cols in blocks.patterns:
+            blk, s, e = runs_numpy(cols)  # runs of allowed columns, by block then start
+            height = np.minimum(q0 + size, n) - q0
+            h = height[blk]
+            idx = np.repeat(np.arange(blk.size), h)  # each run once per row of its block
+            rows.append(q0[blk][idx] + np.arange(idx.size) - np.repeat(np.cumsum(h) - h, h))
+            starts.append((k0[blk] + s)[idx])
+            ends.append((k0[blk] + e)[idx])
+        if not rows:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        return np.concatenate(rows), np.concatenate(starts), np.concatenate(ends)
 
     def ranges(self) -> np.ndarray:
         """KV ranges ``[L, R, 2]`` int32 of the whole sequence; raises ``Refused`` if the bounds cannot
         follow the mask_mod at all (the caller then evaluates every pair).
 
         Stripes are classified one by one; their partial leaves are evaluated together once about
-        ``FINE_CHUNK`` pairs (or ``FINE_CHUNK`` full-block rows) are pending, so the concrete calls are
-        few and large, and the pending stripes' ranges are then assembled and written."""
-        out = RangesBuffer(self.seqlen)
-        pending: list[tuple[np.ndarray, ...]] = []
-        pairs = rows = 0
-        for s0 in range(0, self.seqlen, self.coarse):
+        ``FINE_CHUNK`` pairs are pending, so the concrete calls are few and large; each stripe then
+        becomes a ``mask_mod_bands.Band``, and the bands are written into the output at its final width.
+        Masks of many ranges per row also get their ``RangesIndex`` (``self.index``)."""
+        n = self.seqlen
+        bands: list = []
+        pending: list[StripeBlocks] = []
+        pairs = 0
+        n_stripes = -(-n // self.coarse)
+        for s0 in range(0, n, self.coarse):
             blocks = self.classify_stripe(s0)
             pending.append(blocks)
-            pairs += blocks[3].size * self.leaf * self.leaf
-            rows += int(np.minimum(blocks[2], self.seqlen - blocks[0]).sum())
-            if pairs >= FINE_CHUNK or rows >= FINE_CHUNK or s0 + self.coarse >= self.seqlen:
-                full_q, full_k, full_size, leaf_q, leaf_k = (np.concatenate(x) for x in zip(*pending))
-                row, start, end = self._full_segments(full_q, full_k, full_size)
-                if leaf_q.size:
-                    r, s, e = self._exact_segments(leaf_q, leaf_k, self.leaf)
-                    row, start, end = np.concatenate([row, r]), np.concatenate([start, s]), np.concatenate([end, e])
-                out.write(*segments_to_ranges(row, start, end, self.seqlen))
-                pending, pairs, rows = [], 0, 0
-        return out.result()
+            if self.progress is not None:  # one unit per stripe, one for writing the result
+                self.progress((s0 // self.coarse + 1) / (n_stripes + 1))
+            pairs += blocks.leaves[0].size * self.leaf * self.leaf
+            if pairs >= FINE_CHUNK or blocks.s1 >= n:
+                leaf_q = np.concatenate([b.leaves[0] for b in pending])
+                leaf_k = np.concatenate([b.leaves[1] for b in pending])
+                row, start, end = self._exact_segments(leaf_q, leaf_k, self.leaf)
+                # leaves come stripe after stripe: split their runs at the stripes' first rows
+                cut = np.searchsorted(row // self.coarse, [b.s0 // self.coarse for b in pending] + [n])
+                for i, b in enumerate(pending):
+                    own = self._block_segments(b)
+                    sl = slice(cut[i], cut[i + 1])
+                    bands.append(assemble_band(n, b.s0, b.s1, b.shared, np.concatenate([own[0], row[sl]]),
+                                               np.concatenate([own[1], start[sl]]),
+                                               np.concatenate([own[2], end[sl]]), self.leaf))
+                pending, pairs = [], 0
+        out = write_bands(n, bands)
+        self.profile = bands_profile(n, bands)
+        used = int(sum(int(b.counts.sum()) for b in bands))
+        if used >= INDEX_RANGES_PER_ROW * n and index_bytes(n) <= max(INDEX_MIN_BUDGET, out.nbytes):
+            self.index = bands_index(n, bands, used)
+        return out
 
 
 def dense_ranges(concrete: Callable, seqlen: int, chunk_elements: int = 1 << 24,
-                 stats: BlockStats | None = None) -> np.ndarray:
+                 stats: BlockStats | None = None, progress: Callable[[float], None] | None = None) -> np.ndarray:
     """Every pair evaluated, in row chunks of ``q_idx [h, 1]`` x ``kv_idx [1, L]``, runs encoded from
     transitions into reused buffers: KV ranges ``[L, R, 2]`` int32."""
     rows = max(1, chunk_elements // seqlen)
@@ -371,4 +470,6 @@ def dense_ranges(concrete: Callable, seqlen: int, chunk_elements: int = 1 << 24,
         if stats is not None:
             stats.exact_calls += 1
             stats.exact_pairs += (r1 - r0) * seqlen
+        if progress is not None:
+            progress(r1 / seqlen)
     return out.result()

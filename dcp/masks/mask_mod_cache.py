@@ -121,8 +121,9 @@ def _purge_dead() -> None:
             _bytes -= _entries.pop(key)[2].nbytes
 
 
-def lookup(fn: Callable, options: tuple) -> np.ndarray | None:
-    """The cached ranges of ``fn`` under ``options`` (a copy), or None."""
+def lookup(fn: Callable, options: tuple, copy: bool = True) -> np.ndarray | None:
+    """The cached ranges of ``fn`` under ``options`` (a copy; with ``copy=False`` the read-only array
+    itself), or None."""
     key = (id(fn), options)
     with _lock:
         _purge_dead()
@@ -134,13 +135,14 @@ def lookup(fn: Callable, options: tuple) -> np.ndarray | None:
     with _lock:
         if key in _entries:
             _entries.move_to_end(key)
-    return hit[2].copy()
+    return hit[2].copy() if copy else hit[2]
 
 
-def store(fn: Callable, options: tuple, ranges: np.ndarray) -> None:
-    """Keep ``ranges`` (copied, read-only) for ``fn`` under ``options``."""
+def store(fn: Callable, options: tuple, ranges: np.ndarray, take: bool = False) -> None:
+    """Keep ``ranges`` (copied, read-only) for ``fn`` under ``options``; ``take=True``: keep the array
+    itself, made read-only (the caller hands it over and keeps no writable reference)."""
     global _bytes
-    kept = np.array(ranges, copy=True)
+    kept = ranges if take else np.array(ranges, copy=True)
     kept.setflags(write=False)
     entry = (_ref(fn), fingerprint(fn), kept)
     key = (id(fn), options)

@@ -31,10 +31,13 @@ import numpy as np
 from dcp.cluster import Cluster
 from dcp.layout.blocks import BlockLayout, TileSet, make_layout, uniform_cuts
 from dcp.layout.tiles import enumerate_tiles
+from dcp.masks.box_counts import range_profile
 from dcp.spec import BatchSpec
 
 MIN_SPLIT_BLOCK = 256
 """Smallest token block a split sequence is cut into (tiles below this run far below peak)."""
+#: more popular boundaries than this in one sequence are a periodic pattern, not edges to cut at
+MAX_POPULAR = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,9 +206,10 @@ def _packing(spec: BatchSpec, groups, shares, block_size: int, head_block_size: 
 
 def sequence_profile(ranges_tr2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(exact attended keys per query token, ``popular_boundaries``) of one sequence: what
-    ``zigzag_cuts`` reads of its mask (computed once per sequence and planning call)."""
-    work = (ranges_tr2[:, :, 1].astype(np.int64) - ranges_tr2[:, :, 0]).sum(axis=1).astype(float)
-    return work, popular_boundaries(ranges_tr2)
+    ``zigzag_cuts`` reads of its mask (computed once per sequence and planning call; one pass over the
+    ranges, cached with the mask's array: ``dcp.masks.box_counts.range_profile``)."""
+    work, edges = range_profile(ranges_tr2)
+    return work.astype(float), popular_boundaries(ranges_tr2, edges=edges)
 
 
 class SequenceProfiles(dict):
@@ -296,16 +300,18 @@ def _clamp_cuts(xs: np.ndarray, caps: np.ndarray, seqlen: int, per_step: int) ->
     return xs
 
 
-def popular_boundaries(ranges_tr2: np.ndarray, min_share: float = 0.25) -> np.ndarray:
+def popular_boundaries(ranges_tr2: np.ndarray, min_share: float = 0.25, edges: np.ndarray | None = None) -> np.ndarray:
     """Key positions where the ranges of at least ``min_share`` of the queries start or end (the end of
     a lambda mask's sink, a shared question's end): cutting a block there keeps the keys every query
-    reads in a small unit of their own, instead of inside a full block that would travel with them."""
+    reads in a small unit of their own, instead of inside a full block that would travel with them.
+    More than ``MAX_POPULAR`` such positions are a periodic pattern (e.g. every 8th key), not edges worth
+    a cut: none are returned (cutting at each would make blocks of a few tokens). ``edges``: the ranges
+    starting or ending at each key, when known (``range_profile``)."""
     seqlen = ranges_tr2.shape[0]
-    s, e = ranges_tr2[:, :, 0].ravel(), ranges_tr2[:, :, 1].ravel()
-    used = e > s
-    count = np.bincount(s[used], minlength=seqlen + 1) + np.bincount(e[used], minlength=seqlen + 1)
+    count = range_profile(ranges_tr2)[1] if edges is None else edges
     pos = np.flatnonzero(count >= min_share * seqlen)
-    return pos[(pos > 0) & (pos < seqlen)]
+    pos = pos[(pos > 0) & (pos < seqlen)]
+    return pos if pos.size <= MAX_POPULAR else pos[:0]
 
 
 def _capped_water_fill(load: np.ndarray, amount: float, cap_share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
