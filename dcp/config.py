@@ -94,7 +94,7 @@ class SearchConfig:
     hypergraph_max_tiles: int = 4096
     warm_starts: tuple = field(default_factory=_default_warm_starts)
     warm_start_max_tiles: int = 131072
-    simulate_top: int = 3
+    simulate_top: int = 6
     block_size_factors: tuple[float, ...] = (0.5, 2.0)
 
     def __post_init__(self):
