@@ -1,5 +1,6 @@
 """Planner invariants on random batches, pinned tiny plans, named errors, fallbacks, serialization."""
 import dataclasses
+import time
 import warnings
 
 import numpy as np
@@ -323,3 +324,26 @@ def test_a_batch_with_nothing_to_attend_is_refused():
     empty = M.RangesMask(np.zeros((3, 1, 2), dtype=np.int32))
     with pytest.raises(dcp.InvalidBatchError, match="no \\(query, key\\) pair"):
         dcp.plan(dcp.BatchSpec([3], empty, 1, 1, 4), dcp.Cluster(1, 2), dcp.PlannerConfig(block_size=2, **GREEDY))
+
+
+def test_plan_says_it_is_planning_past_a_few_seconds(capsys, monkeypatch):
+    import dcp.planner.dcp_planner as dp
+
+    spec = dcp.BatchSpec([300, 120], M.CausalMask(), 4, 2, 8)
+    cluster = dcp.Cluster(1, 2)
+    cfg = dcp.PlannerConfig(block_size=32, partitioner=dcp.GreedyPartitioner(), time_budget_s=None)
+    dcp.plan(spec, cluster, cfg)  # quick: silent
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(dp, "PROGRESS_AFTER_S", 0.0)  # every call is "long" now
+    real = dp.DCPPlanner.plan
+
+    def slow(self, s, c):  # the announcement comes from a timer thread: give it time to fire
+        time.sleep(0.3)
+        return real(self, s, c)
+
+    monkeypatch.setattr(dp.DCPPlanner, "plan", slow)
+    dcp.plan(spec, cluster, cfg)
+    err = capsys.readouterr().err
+    assert "dcp.plan: planning 2 sequences (420 tokens) for 2 devices ..." in err and ": done in" in err
+    dcp.plan(spec, cluster, cfg, progress=False)
+    assert capsys.readouterr().err == ""

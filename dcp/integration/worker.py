@@ -62,7 +62,8 @@ def plan_description(description: dict, cluster: Cluster, config: PlannerConfig)
     """The default job: ``dcp.plan(BatchSpec.from_description(description), cluster, config).to_bytes()``."""
     from dcp.planner.dcp_planner import plan
 
-    return plan(BatchSpec.from_description(description), cluster, config).to_bytes()
+    # silent: the loader reports how long a step waited for its plan (``DCPBatch.waited_s``)
+    return plan(BatchSpec.from_description(description), cluster, config, progress=False).to_bytes()
 
 
 PlanFn = Callable[[dict, Cluster, PlannerConfig], bytes]

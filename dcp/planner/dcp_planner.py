@@ -331,6 +331,21 @@ def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | No
     return best, notes + more
 
 
-def plan(spec: BatchSpec, cluster: Cluster, config: PlannerConfig | None = None) -> Plan:
-    """Plan a batch with dcp's planner: ``dcp.plan(spec, cluster, config) -> Plan`` (validated)."""
-    return DCPPlanner(config or PlannerConfig()).plan(spec, cluster)
+def plan(spec: BatchSpec, cluster: Cluster, config: PlannerConfig | None = None, *, progress: bool = True) -> Plan:
+    """Plan a batch with dcp's planner: ``dcp.plan(spec, cluster, config) -> Plan`` (validated).
+
+    ``progress``: a call that runs past ``PROGRESS_AFTER_S`` seconds says so on stderr (``dcp.plan: planning
+    ... ...`` then ``...: done in X s``), as the command line does; quick calls stay silent; False: never."""
+    planner = DCPPlanner(config or PlannerConfig())
+    if not progress:
+        return planner.plan(spec, cluster)
+    from dcp.report import progress as announce
+
+    label = (f"dcp.plan: planning {spec.num_seqs} sequence{'s' * (spec.num_seqs != 1)} "
+             f"({spec.total_tokens:,} tokens) for {cluster.n_devices} devices")
+    with announce(label, after_s=PROGRESS_AFTER_S):
+        return planner.plan(spec, cluster)
+
+
+#: seconds after which ``plan`` says that it is still planning
+PROGRESS_AFTER_S = 3.0
