@@ -101,6 +101,14 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------------------------- data
+def plan_crossing(plan: dcp.Plan) -> dict:
+    """What a step's plan moves between ranks: ``split_sequences`` (sequences whose tokens live on several
+    ranks) and ``moved_bytes`` (forward + backward); distributed tests assert both are non-zero somewhere,
+    so that a parity check is not one whose plans kept every sequence whole on one rank."""
+    stats = plan.stats()
+    return {"split_sequences": stats.split_sequences, "moved_bytes": stats.comm_bytes_total}
+
+
 def build_mask(cfg: TrainConfig):
     return MaskArg(cfg.mask, tuple(cfg.mask_params)).build(SMALL_MASK_DEFAULTS)
 
@@ -240,7 +248,7 @@ def train(cfg: TrainConfig, rank: int = 0, world_size: int = 1, group=None,
             rec = {"step": step, "loss": float(total), "tokens": batch.num_tokens, "step_s": step_s,
                    "tokens_per_s": batch.num_tokens / step_s, "waited_s": batch.waited_s, "waited": bool(waited),
                    "planning_time_s": batch.planning_time_s, "cache_hit": batch.cache_hit,
-                   "sequences": len(batch.sample_ids), "local_tokens": batch.n_local}
+                   "sequences": len(batch.sample_ids), "local_tokens": batch.n_local, **plan_crossing(batch.plan)}
             result.records.append(rec)
             share = 100 * waited_steps / (step + 1)
             progress.update(step, cfg.steps, f"loss {rec['loss']:.4f}  tok/s {rec['tokens_per_s']:,.0f}  "

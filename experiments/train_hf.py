@@ -40,7 +40,7 @@ from dcp.bench.args import MaskArg, add_mask_args, masks_from_args  # noqa: E402
 from dcp.integration import DCPBatch, DCPLoader, Sample, WorkerConfig  # noqa: E402
 from dcp.integration import hf as dcp_hf  # noqa: E402
 from experiments.train_gpt import (SMALL_MASK_DEFAULTS, Progress, TrainConfig, TrainResult,  # noqa: E402
-                                   broadcast_parameters, finish, run_torchrun, share_cores, synthetic_samples)
+                                   broadcast_parameters, finish, plan_crossing, run_torchrun, share_cores, synthetic_samples)
 
 FAMILIES = ("llama", "qwen2")
 ATTENTIONS = ("dcp", "sdpa", "eager")
@@ -173,7 +173,8 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
             step_s, t_prev = now - t_prev, now
             result.records.append({"step": step, "loss": float(total), "tokens": batch.num_tokens, "step_s": step_s,
                                    "tokens_per_s": batch.num_tokens / step_s, "waited_s": batch.waited_s,
-                                   "sequences": len(batch.sample_ids), "local_tokens": batch.n_local})
+                                   "sequences": len(batch.sample_ids), "local_tokens": batch.n_local,
+                                   **plan_crossing(batch.plan)})
             progress.update(step, cfg.steps, f"loss {float(total):.4f}  tok/s {batch.num_tokens / step_s:,.0f}")
     finally:
         progress.close()

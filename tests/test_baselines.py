@@ -332,3 +332,14 @@ def test_te_head_parallel_knob():
         TEA2AP2PPlanner(head_parallel=3).plan(spec, Cluster(2, 4))
     with pytest.raises(InvalidConfigError):
         TEA2AP2PPlanner(head_parallel=0)
+
+
+def test_stats_count_sequences_split_over_devices():
+    from dcp.baselines import ZigzagPlanner
+
+    spec = BatchSpec([64, 40, 3], CausalMask(), 4, 2, 8)
+    cluster = Cluster(1, 4)
+    # zigzag cuts every sequence into 2P chunks: the two long ones live on every device; the 3-token one on 3
+    for planner in (ZigzagPlanner(shards=False), ZigzagPlanner(shards=True)):
+        assert planner.plan(spec, cluster).stats().split_sequences == 3
+    assert RingPlanner(shards=False).plan(spec, Cluster(1, 1)).stats().split_sequences == 0

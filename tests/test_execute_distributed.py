@@ -83,7 +83,8 @@ def _local_errors(plan, rank, dtype, seed=0, kernels=None) -> dict:
     fin = torch.isfinite(sl(lse_ref, 1))
     return {"o": err(o.detach(), sl(o_ref)), "lse": err(lse[fin], sl(lse_ref, 1)[fin]),
             "dq": err(ql.grad, sl(g_ref[0])), "dk": err(kl.grad, sl(g_ref[1])), "dv": err(vl.grad, sl(g_ref[2])),
-            "o_dtype": str(o.dtype), "n_local": int(ql.shape[0])}
+            "o_dtype": str(o.dtype), "n_local": int(ql.shape[0]),
+            "moved": plan.stats().comm_bytes_total, "split": plan.stats().split_sequences}
 
 
 # ---------------------------------------------------------------------------------------- scenarios
@@ -236,6 +237,9 @@ def _check_correct(results):
             errs = {n: r[key][n] for n in ("o", "lse", "dq", "dk", "dv")}
             assert max(errs.values()) < tol, (key, rank, errs)
             assert r[key]["o_dtype"] == f"torch.{dtype}"
+        # the test crosses ranks: every plan moves data, and some plan of each world cuts a sequence over ranks
+        assert results[0][key]["moved"] > 0, key
+    assert any(results[0][key]["split"] > 0 for key in results[0]), {k: v["split"] for k, v in results[0].items()}
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])

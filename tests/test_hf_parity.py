@@ -41,7 +41,8 @@ def _rank_main(rank: int, world: int, cases: dict) -> dict:
     for name, (cfg, _) in cases.items():  # one process group for every case: one spawn
         res = train(cfg, rank, world)
         out[name] = {"losses": res.losses, "grads": res.grads[0], "tokens": [r["tokens"] for r in res.records],
-                     "local_tokens": [r["local_tokens"] for r in res.records]}
+                     "local_tokens": [r["local_tokens"] for r in res.records],
+                     "split": [r["split_sequences"] for r in res.records], "moved": [r["moved_bytes"] for r in res.records]}
     return out
 
 
@@ -70,6 +71,9 @@ def test_four_processes_match_transformers_on_one(case, four_ranks, one_intra_op
         assert ((local == 0).sum(0) >= 1).all(), f"{case}: no rank was idle: {local.tolist()}"
     else:
         assert (local.sum(1) > 0).all(), f"{case}: a rank never had tokens: {local.tolist()}"
+        # the plans of most steps cut a sequence over ranks and moved data (not plans that kept each whole)
+        crossing = [s > 0 and m > 0 for s, m in zip(outs[0]["split"], outs[0]["moved"])]
+        assert sum(crossing) >= STEPS // 2 + 1, (case, outs[0]["split"], outs[0]["moved"])
     g1 = ref.grads[0]
     assert set(outs[0]["grads"]) == set(g1) and len(g1) > 10
     for name, g in g1.items():

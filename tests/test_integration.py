@@ -208,6 +208,7 @@ def _dist_worker(rank: int, world: int) -> dict:
     torch.testing.assert_close(o, dcp.reference_attention(qg, kg, vg, plan.spec)[idx], rtol=1e-10, atol=1e-10)
     o.sum().backward()
     out["attention"] = "ok"
+    out["crossing"] = (plan.stats().split_sequences, plan.stats().comm_bytes_total)  # the test crosses ranks
     # a planner failure on rank 0 becomes a PlanningError on every rank
     try:
         list(_loader(_samples([30, 40]), cluster=cluster, mode="process", plan_fn=_failing_plan))
@@ -245,5 +246,6 @@ def test_four_ranks_share_one_plan(tmp_path):
         assert all(abs(t[step] - t0) < 1e-8 for t in times), times
         assert (t0 == 0) == bool(hits[0][step]), (times[0], hits[0])
         assert out["attention"] == "ok"
+        assert min(out["crossing"]) > 0, out["crossing"]  # its plan cuts a sequence over ranks and moves data
         assert "injected planner failure" in out["failure"]
         assert "different batches" in out["mismatch"]

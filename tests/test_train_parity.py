@@ -28,7 +28,8 @@ SPAWN_DEADLINE_S = 80.0
 def _rank_main(rank: int, world: int, cfg: TrainConfig) -> dict:
     res = train(cfg, rank, world)
     return {"losses": res.losses, "grads": res.grads[0], "local_tokens": [r["local_tokens"] for r in res.records],
-            "tokens": [r["tokens"] for r in res.records], "waited": [r["waited"] for r in res.records]}
+            "tokens": [r["tokens"] for r in res.records], "waited": [r["waited"] for r in res.records],
+            "split": [r["split_sequences"] for r in res.records], "moved": [r["moved_bytes"] for r in res.records]}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +47,12 @@ def test_four_processes_match_one_process(tmp_path, single):
         torch.testing.assert_close(torch.tensor(out["losses"], dtype=torch.float64),
                                    torch.tensor(base, dtype=torch.float64), rtol=1e-5, atol=0.0,
                                    msg=lambda m: f"rank {r} losses {out['losses']} vs 1 process {base}: {m}")
-    # every rank held part of every batch (the split is real) and all ranks hold the same summed gradients
+    # every rank held part of every batch (the split is real), the plans of most steps cut a sequence over
+    # ranks and moved data (parity is not one of plans that kept each sequence whole: step 0's does here),
+    # and all ranks hold the same summed gradients
     assert all(min(out["local_tokens"]) > 0 for out in outs)
+    crossing = [s > 0 and m > 0 for s, m in zip(outs[0]["split"], outs[0]["moved"])]
+    assert sum(crossing) >= STEPS // 2 + 1, (outs[0]["split"], outs[0]["moved"])
     assert [sum(x) for x in zip(*[o["local_tokens"] for o in outs])] == outs[0]["tokens"]
     g1 = single.grads[0]
     assert set(outs[0]["grads"]) == set(g1)

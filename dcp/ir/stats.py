@@ -24,6 +24,7 @@ class PlanStats:
     ``max_resident_tokens``/``mean_resident_tokens``: home tokens per device; ``peak_transient_bytes_<dir>``:
     the largest over devices of a direction's peak transient buffer bytes (received inputs, accumulators
     of units homed elsewhere, received partials); the ``*_per_device`` tuples hold every device's value.
+    ``split_sequences``: sequences whose tokens live on more than one device.
     """
 
     planner: str
@@ -49,6 +50,7 @@ class PlanStats:
     resident_tokens_per_device: tuple[int, ...] = ()
     peak_transient_per_device_forward: tuple[int, ...] = ()
     peak_transient_per_device_backward: tuple[int, ...] = ()
+    split_sequences: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,6 +93,13 @@ def plan_stats(plan: Plan) -> PlanStats:
         except PlanValidationError:
             valid = False
     idle = int(((flops == 0) & (tokens == 0)).sum())
+    # sequences whose token blocks live on more than one device (a plan with none moves data only for
+    # sequences that a tile elsewhere reads whole; distributed tests check that plans really split)
+    lay, home = plan.layout, plan.home.astype(np.int64)
+    if lay.grouped:  # a block groups pieces of several sequences: a piece lives where its block does
+        lay, home = lay.pieces, home[lay.piece_block]
+    seq_home = np.unique(np.c_[lay.tb_seq.astype(np.int64), home], axis=0)
+    split = int((np.bincount(seq_home[:, 0], minlength=plan.spec.num_seqs) > 1).sum())
     notes = []
     if idle:
         notes.append(f"{idle} of {n} devices are idle (no token and no tile): the batch holds only "
@@ -108,4 +117,4 @@ def plan_stats(plan: Plan) -> PlanStats:
         max_resident_tokens=int(res.max(initial=0)), mean_resident_tokens=float(res.mean()) if n else 0.0,
         peak_transient_bytes_forward=int(peak_f.max(initial=0)), peak_transient_bytes_backward=int(peak_b.max(initial=0)),
         resident_tokens_per_device=tuple(res.tolist()), peak_transient_per_device_forward=tuple(peak_f.tolist()),
-        peak_transient_per_device_backward=tuple(peak_b.tolist()))
+        peak_transient_per_device_backward=tuple(peak_b.tolist()), split_sequences=split)
