@@ -15,10 +15,11 @@ from _spawn import run_ranks
 from experiments.train_gpt import TrainConfig, train
 
 STEPS = 5
-# 6 layers of width 64: each step outlasts planning its batch with dcp's default search (~0.13 s here), so
-# the background-planning check below measures overlap, not a race (2 layers of 32 lost it in 2 of 3 runs,
-# 4 layers of 64 once the search started from the Magi and torch CP placements too)
-CFG = TrainConfig(steps=STEPS, seed=7, tokens_per_batch=512, layers=6, dim=64, heads=4, kv_heads=2, vocab=64,
+# 8 layers of width 64: each step outlasts planning its batch with dcp's default search, so the
+# background-planning check below measures overlap, not a race (2 layers of 32 lost it in 2 of 3 runs,
+# 4 layers of 64 once the search started from the Magi and torch CP placements too, 6 layers once it
+# simulated six finalists and the executor got faster)
+CFG = TrainConfig(steps=STEPS, seed=7, tokens_per_batch=512, layers=8, dim=64, heads=4, kv_heads=2, vocab=64,
                   block_size=32, mask="causal", length_scale=0.1, min_len=8, lr=3e-3, dtype="float32",
                   planner="process", quiet=True, threads=1, grad_steps=(0,), peer_timeout_s=30.0,
                   lookahead=3)

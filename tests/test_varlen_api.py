@@ -8,6 +8,7 @@ per batch (planner calls counted); bad input raises the named errors; experiment
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -293,11 +294,18 @@ def _ranks_match_dense(rank: int, world: int) -> dict:
         out["mismatch"] = "no error"
     except dcp.PlanMismatchError as err:
         out["mismatch"] = str(err)
-    # a mask that fails on its sequence: the planning rank raises it, the others PlanningError (none hangs)
+    # a mask that does not fit its sequence: refused on every rank before any planning (BatchSpec checks it)
     from dcp.masks import RangesMask
 
     try:
         dcp.varlen_plan(_cu((20, 10)), RangesMask(np.zeros((10, 1, 2), dtype=np.int32)), **HEADS, config=cfg)
+        out["mask_error"] = "no error"
+    except dcp.DcpError as err:
+        out["mask_error"] = type(err).__name__
+    # a batch the planner refuses (fewer token blocks than ranks): the planning rank raises it, the others
+    # PlanningError (none hangs)
+    try:
+        dcp.varlen_plan(_cu((5,)), **HEADS, causal=True, config=dataclasses.replace(cfg, block_size=64, allow_idle_devices=False))
         out["planning_error"] = "no error"
     except dcp.DcpError as err:
         out["planning_error"] = type(err).__name__
@@ -320,7 +328,8 @@ def test_ranks_match_dense_attention_and_plan_once(world, tmp_path):
         assert r["planner_calls"] == ([long, long] if rank == 0 else []), r["planner_calls"]
         assert r["cache"]["hits"] == 2 and r["cache"]["misses"] == 2, r["cache"]
         assert "different batches" in r["mismatch"] and "cu_seqlens" in r["mismatch"], r["mismatch"]
-        assert r["planning_error"] == ("InvalidMaskError" if rank == 0 else "PlanningError"), r["planning_error"]
+        assert r["mask_error"] == "InvalidMaskError", r["mask_error"]
+        assert r["planning_error"] == ("TooFewBlocksError" if rank == 0 else "PlanningError"), r["planning_error"]
 
 
 # -------------------------------------------------------------------------------------- example

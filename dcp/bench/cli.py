@@ -8,7 +8,7 @@
 
 
 def add_bench_parser(sub) -> None:
-    from dcp.bench import calibrate, dryrun, e2e, megatron_mock, micro, run
+    from dcp.bench import calibrate, dryrun, e2e, megatron_mock, micro, overhead, run
 
     b = sub.add_parser("bench", help="cluster-scale benchmarks through the simulator (CSV first)",
                        description=__doc__)
@@ -20,3 +20,4 @@ def add_bench_parser(sub) -> None:
     e2e.add_parser(bsub)
     run.add_parser(bsub)
     calibrate.add_parser(bsub)
+    overhead.add_parser(bsub)

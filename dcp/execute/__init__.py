@@ -6,8 +6,10 @@
 - ``dispatch``/``undispatch``: scatter a packed batch to the devices' local layouts and gather it back;
 - ``reference_attention``: dense masked attention of the whole packed batch (the ground truth).
 
-The per-device interpreter both executors share is ``dcp.execute.local``; the per-plan tables it reads
-(compiled op streams, buffer layouts, message shapes; cached per plan object) are ``dcp.execute.tables``.
+The per-device interpreter both executors share is ``dcp.execute.local``; it runs the steps that
+``dcp.execute.compile`` derives once per plan (every view, copy and merge resolved), from the per-plan
+tables of ``dcp.execute.tables`` (op streams, buffer layouts, message layouts, reusable buffers; cached
+per plan object). ``dcp.execute.noop``: no-op kernels and transport for running it on ``meta`` tensors.
 """
 from dcp.execute.autograd import DCPAttentionFunction, attention
 from dcp.execute.dispatch import dispatch, undispatch

@@ -9,7 +9,8 @@ has these row spaces, all with the full head dimension unless noted:
   units of a stage tend to be adjacent). On the kv side it also holds *staged* home blocks: those that
   some stage reads next to received ones, copied in once at the start of a step. Received units are
   unpacked straight into their slots at ``CommWait``; rows that a call spans but does not use are zeroed
-  once per step (a dense kernel multiplies them by zero, which uninitialized NaNs would survive);
+  once per step (a dense kernel multiplies them by zero, which uninitialized NaNs would survive). The
+  BUF tensors are allocated once per plan and reused by every step (``dcp.execute.local.Workspace``);
 - ``MSG``: the views of ONE received unit (its heads only) in the message it came in, for calls whose
   side is that single unit: no copy at all.
 
@@ -22,13 +23,12 @@ block is its own call on head-sliced views. Calls never mix home and received q 
 has both is split into two calls, which costs no copy), while a stage whose kv units are both home and
 received reads the kv ``BUF`` with the home ones staged.
 
-Messages: everything a device sends to one peer in one round is ONE contiguous uint8 buffer (the units
-in sorted order, each of their tensors padded to 8 bytes so that the receiver views them in place).
+Messages (everything a device sends to one peer in one round: ONE contiguous uint8 buffer of typed
+regions) are laid out by ``dcp.execute.compile.message_layout``.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -38,7 +38,6 @@ import torch
 from dcp.ir.instructions import Unit
 
 HOME, BUF, MSG = 0, 1, 2   # a call side reads: the caller's tensors, the slot buffer, one received unit
-_ALIGN = 8  # every packed tensor starts at a multiple of 8 bytes
 
 
 @dataclass(frozen=True)
@@ -278,7 +277,7 @@ def mask_table(tab, t: np.ndarray, q_tb: np.ndarray, kv_tb: np.ndarray) -> tuple
     rows = lay.tb_start[q_tb[part]][rep].astype(np.int64) + within
     ks = (lay.tb_start[kv_tb[part]].astype(np.int64) - plan.spec.cu_seqlens[lay.tb_seq[kv_tb[part]]])[rep]
     ke = ks + tab.tb_len[kv_tb[part]][rep]
-    rng = tab.global_ranges()[rows].astype(np.int64)      # [n_rows, R, 2], sequence-local
+    rng = tab.ranges_of_rows(rows)                         # [n_rows, R, 2], sequence-local
     s = np.clip(rng[:, :, 0], ks[:, None], ke[:, None]) - ks[:, None]
     e = np.clip(rng[:, :, 1], ks[:, None], ke[:, None]) - ks[:, None]
     empty = e <= s
@@ -313,49 +312,5 @@ def cat_as(parts: Sequence[torch.Tensor], dim: int, dtype: torch.dtype, empty: t
     return torch.cat(list(parts), dim, out=torch.empty(shape, dtype=dtype, device=parts[0].device))
 
 
-# ------------------------------------------------------------------------------------ messages
-def nbytes(shape, dtype) -> int:
-    """Bytes of one packed tensor, padded to 8."""
-    n = math.prod(shape) * dtype.itemsize
-    return -(-n // _ALIGN) * _ALIGN
-
-
-def unpack(buf: torch.Tensor, layout: Sequence[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
-    """Typed views of the tensors packed in the uint8 ``buf`` (``layout``: (shape, dtype) per tensor)."""
-    out, off = [], 0
-    for shape, dtype in layout:
-        n = math.prod(shape) * dtype.itemsize
-        out.append(buf[off:off + n].view(dtype).view(shape))
-        off += nbytes(shape, dtype)
-    return out
-
-
-def pack(tensors: Sequence[torch.Tensor], layout: Sequence[tuple[tuple, torch.dtype]], device,
-         alias: bool = False) -> torch.Tensor:
-    """ONE uint8 buffer holding ``tensors`` in ``layout``'s dtypes, written in one pass: one ``cat`` when they
-    are contiguous in the right dtypes, else one copy (with the conversion) per tensor. With ``alias`` a
-    message of one such tensor is that tensor's bytes themselves (no copy): only for tensors nobody writes."""
-    for t, (shape, _) in zip(tensors, layout):
-        if tuple(t.shape) != tuple(shape):
-            raise ValueError(f"packing a tensor of shape {tuple(t.shape)} into a slot of {tuple(shape)}")
-    if not all(t.dtype == dt and t.is_contiguous() for t, (_, dt) in zip(tensors, layout)):
-        buf = torch.empty(sum(nbytes(s, dt) for s, dt in layout), dtype=torch.uint8, device=device)
-        for t, view in zip(tensors, unpack(buf, layout)):
-            view.copy_(t)
-        return buf
-    parts = []
-    for t in tensors:
-        f = t.reshape(-1)
-        if f.numel() and f.stride(0) != 1:  # e.g. a one-element slice keeps its parent's stride
-            f = f.new_empty(f.shape).copy_(f)
-        parts.append(f.view(torch.uint8))
-        pad = -parts[-1].numel() % _ALIGN
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
-    if not parts:
-        return torch.zeros(0, dtype=torch.uint8, device=device)
-    return parts[0] if len(parts) == 1 and alias else torch.cat(parts)
-
-
 __all__ = ["Call", "DeviceLayout", "HOME", "BUF", "MSG", "build_layout", "mask_table", "rows_of", "new_like_rows",
-           "cat_as", "nbytes", "pack", "unpack"]
+           "cat_as"]

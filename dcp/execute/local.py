@@ -1,15 +1,16 @@
 """The per-device interpreter shared by every executor.
 
-A ``DeviceRunner`` executes one device's stream of a program (``plan.forward`` or ``plan.backward``,
-read through its per-device index ranges, ``dcp.ir.program``)
-against that device's home rows. Transfers go through a ``Comm`` (in-memory for the reference executor,
-``torch.distributed`` for the distributed one):
+A ``DeviceRunner`` executes one device's program (``plan.forward`` or ``plan.backward``) against that
+device's home rows, as the compiled steps of ``dcp.execute.compile`` (one per Launch, Wait and Compute,
+one per run of Reduces after a Wait), in which every index, view, copy and merge was resolved once per
+plan. Transfers go through a ``Comm`` (in-memory for the reference executor, ``torch.distributed`` for
+the distributed one):
 
     handle = comm.launch(round, sends=[(peer, uint8 tensor), ...], recvs=[(peer, shape, dtype), ...])
     tensors = comm.wait(handle)          # in the order of ``recvs``
 
-Everything a device sends to one peer in one round is packed into ONE contiguous uint8 buffer (the units
-in sorted order, each of its tensors padded to 8 bytes so that the receiver can view them back in place),
+Everything a device sends to one peer in one round is packed into ONE contiguous uint8 buffer of typed
+regions (``dcp.execute.compile.message_layout``; the messages of a round are slices of one allocation),
 so a round is one grouped operation with at most one message per peer and direction.
 
 Data held by a device (layout derived once per plan, direction and device: ``dcp.execute.buffers``):
@@ -17,19 +18,23 @@ Data held by a device (layout derived once per plan, direction and device: ``dcp
   block-id order (``plan.local_token_index(d)``): the caller's tensors, read in place and never written;
 - per side (q side: Q / QG, kv side: KV) one buffer with a slot per received token block at a fixed
   offset (and, kv side, home blocks that some stage reads next to received ones, copied once per step);
-  received inputs are unpacked into their slots at ``CommWait`` (a unit that is the only one of its side
-  in every stage that reads it, or that is only relayed, stays in its message: no copy);
+  these slot buffers are allocated once per plan (a *workspace*, cached in ``dcp.execute.tables``) and
+  reused by every step of every layer, their views made once. Received inputs are unpacked into their
+  slots at ``CommWait`` (a unit that is the only one of its side in every stage that reads it, or that
+  is only relayed, stays in its message: no copy);
 - partial outputs: O = (o, lse) merged by log-sum-exp, DQ = dq, DKV = (dk, dv) summed. A unit's first
-  contribution (a view of the kernel's output, or of the message it came in) is its accumulator, no
-  clone; a second one merges into it in place (``merge_into`` / ``add_``), after widening it to fp32
-  (fp64 for fp64 runs) if needed. Partials of other homes are packed into the message to their home;
-  the home ones are assembled into the local result at the end in one pass (one ``cat`` per tensor), or
-  are the result itself when one kernel call covered every home row and head;
-- received partials, merged into the accumulator by ``Reduce``.
+  contribution (rows of a kernel's output, or of the message it came in) is its accumulator, no clone; a
+  later one merges into it in place (``merge_into``; sums as one grouped ``add_into`` per step and layer,
+  by default ``torch._foreach_add_``), after widening the tensor it lives in to fp32 (fp64 for fp64 runs)
+  if needed. Partials of other homes are packed into the message to their home; the home ones are copied
+  into the local results at the end, or are the result itself when one kernel call covered every home
+  row and head.
 
-``Compute(stage, tiles)`` runs one kernel call per (q row space, group of head blocks) — one call for
-most stages — on views of those tensors (no gather): the tile table, derived once per plan and cached,
-has segments and key offsets that address their rows directly.
+Each ``Compute`` runs one kernel call per (q row space, group of head blocks) — one call for most stages —
+on views of those tensors (no gather): the tile table, derived once per plan and cached, has segments
+and key offsets that address their rows directly. The copies of one step (packing, unpacking, results)
+are one ``torch._foreach_copy_``; nothing in a step reads data on the host, so a step runs on ``meta``
+tensors too (``dcp.execute.noop``; ``dcp bench overhead`` times it).
 
 Unit payloads (one unit = one token block × one head block, L tokens):
     Q: q [L, hq, D]                 KV: k, v [L, hkv, D]
@@ -41,21 +46,19 @@ them; ``partial_dtype`` may raise partials to fp32) and lse/delta in fp32 (fp64 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from dcp.errors import ExecutionError
-from dcp.execute.buffers import BUF, HOME, MSG, cat_as, nbytes, new_like_rows, pack, rows_of, unpack
+from dcp.execute.buffers import new_like_rows
+from dcp.execute.compile import Dtypes, Spec
 from dcp.execute.fallback import FallbackKernels
-from dcp.execute.tables import INPUT_KINDS, OUTPUT_KINDS, Op, plan_tables
-from dcp.ir.instructions import Unit
+from dcp.execute.tables import plan_tables
 from dcp.ir.plan import Plan
 from dcp.kernels import get_kernels
 from dcp.kernels.tiles import TileTable
 from dcp.kernels.varlen_ops import gpu_varlen_available
-from dcp.layout.units import Kind
 
 
 # --------------------------------------------------------------------------------------------- comm
@@ -152,15 +155,69 @@ def resolve_kernels(kernels=None) -> KernelAdapter:
 
 
 # ------------------------------------------------------------------------------------ the runner
-@dataclass(frozen=True)
-class Dtypes:
-    el: torch.dtype      # q/k/v/dO
-    part: torch.dtype    # partial outputs on the wire
-    stat: torch.dtype    # lse, delta, accumulators
+def _view(S: list, s):
+    """The tensor a ``Spec`` names in the step's spaces ``S`` (a bound view passes through)."""
+    if s.__class__ is not Spec:
+        return s
+    t = S[s[0]]
+    a = s[1]
+    if a is None:
+        return t
+    h = s[3]
+    if s[4] == 3:
+        return t[a:s[2]] if h is None else t[a:s[2], h]
+    return t[:, a:s[2]] if h is None else t[h, a:s[2]]
 
-    @staticmethod
-    def of(dtype: torch.dtype, partial_dtype: torch.dtype | None = None) -> "Dtypes":
-        return Dtypes(dtype, partial_dtype or dtype, _stat_dtype(dtype))
+
+def _cut(t: torch.Tensor, a: int, b: int, h, dim: int) -> torch.Tensor:
+    if dim == 3:
+        return t[a:b] if h is None else t[a:b, h]
+    return t[:, a:b] if h is None else t[h, a:b]
+
+
+def _bind(st, fn):
+    """Step ``st`` with the ``Spec`` of every view that may name a slot buffer replaced by ``fn(spec)``."""
+    if st.code == "launch":
+        return st._replace(msgs=tuple((peer, off, nb, tuple((g, fn(s)) for g, s in pieces), alias)
+                                      for peer, off, nb, pieces, alias in st.msgs))
+    if st.code == "wait":
+        return st._replace(msgs=tuple((peer, nb, dts, regions, tuple((fn(d), g) for d, g in pieces))
+                                      for peer, nb, dts, regions, pieces in st.msgs))
+    if st.code == "compute":
+        return st._replace(calls=tuple((tuple(fn(s) for s in qs), tuple(fn(s) for s in kvs), table, outs)
+                                       for qs, kvs, table, outs in st.calls))
+    return st
+
+
+class Workspace:
+    """What one (plan, direction, device, home tensors' dtypes and shapes, torch device) keeps between steps:
+    the slot buffers, the compiled steps with every view of them made (bound), the rows zeroed and staged
+    per step. ``busy`` while a runner uses it (a second runner at the same time gets its own)."""
+
+    def __init__(self, comp, side_q: tuple, side_kv: tuple):
+        self.busy = False
+        S0: list = [None] * comp.n_spaces
+        ns = {comp.buf_q: comp.buf_rows[0], comp.buf_kv: comp.buf_rows[1]}
+        for spaces, homes in ((comp.buf_q, side_q), (comp.buf_kv, side_kv)):
+            if ns[spaces]:
+                for s, t in zip(spaces, homes):
+                    S0[s] = new_like_rows(t, ns[spaces])
+        persistent = {s for s in comp.buf_q + comp.buf_kv if S0[s] is not None}
+        self.S0 = S0
+        made: dict = {}
+
+        def bind(spec):
+            if spec[0] not in persistent:
+                return spec
+            got = made.get(spec.vid)
+            if got is None:
+                got = made[spec.vid] = _view(S0, spec)
+            return got
+
+        self.steps = [_bind(st, bind) for st in comp.steps]
+        self.zero = [_view(S0, s) for s in comp.zero]
+        self.staged_dst = [_view(S0, d) for d, _ in comp.staged]
+        self.staged_src = [s for _, s in comp.staged]
 
 
 class DeviceRunner:
@@ -171,48 +228,45 @@ class DeviceRunner:
         home: forward: ``(q, k, v)`` local tensors; backward: ``(q, k, v, do, lse, delta)`` with
             ``lse``/``delta`` ``[Hq, n_local]`` in the stat dtype. They are read in place, never written.
         comm: the device's ``Comm``.
-        kernels: object with ``forward``/``backward``/``merge_into`` (see ``dcp.kernels``).
+        kernels: object with ``forward``/``backward``/``merge_into`` (see ``dcp.kernels``; an optional
+            ``add_into(accs, parts)`` does the in-place sums, else ``torch._foreach_add_``).
         scale: softmax scale.
         partial_dtype: dtype of partial outputs on the wire (None: the element dtype).
+
+    Constructing a runner prepares the step: the plan's compiled steps and a workspace (both cached per
+    plan, built the first time), the home tensors in place, staged rows copied. ``run`` (or
+    ``run_segment`` per round, for lockstep execution) runs the steps, ``finish_forward`` /
+    ``finish_backward`` return the local results. A plan the device cannot run raises ``ExecutionError``
+    here, before any step.
     """
 
     def __init__(self, plan: Plan, device: int, direction: str, home: Sequence[torch.Tensor], comm: Comm,
                  kernels, scale: float, partial_dtype: torch.dtype | None = None):
         self.plan, self.rank, self.direction = plan, device, direction
-        self.tab = tab = plan_tables(plan)
-        self.ops, self.seg_starts = tab.program(direction, device)
-        self.lay = lay = tab.layout(direction, device)
+        self.fwd = direction == "forward"
         self.home = home
         self.comm, self.scale = comm, float(scale)
         self.dev = home[0].device
         self.dt = Dtypes.of(home[0].dtype, partial_dtype)
         self.kernels = resolve_kernels(kernels).for_input(self.dt.el, self.dev, int(home[0].shape[-1]))
-        self.in_q, self.in_kv = INPUT_KINDS[direction]
-        fwd = direction == "forward"
-        # the two sides: the caller's tensors (HOME) and the slot buffers (BUF), one per input tensor
-        self.side_q = [tuple(home[:1]) if fwd else (home[0], home[3], home[4], home[5]), None]
-        self.side_kv = [(home[1], home[2]), None]
-        for side, n, zero in ((self.side_q, lay.n_q, lay.zero_q), (self.side_kv, lay.n_kv, lay.zero_kv)):
-            if n:
-                side[BUF] = tuple(new_like_rows(t, n) for t in side[HOME])
-                for t in side[BUF]:
-                    for a, m in zero:
-                        rows_of(t, a, a + m).zero_()
-        for h, b, n in lay.staged:
-            for src, dst in zip(self.side_kv[HOME], self.side_kv[BUF]):
-                dst[b:b + n].copy_(src[h:h + n])
-        self.arrived: set[Unit] = set()
-        self.relay: dict[Unit, list[torch.Tensor]] = {}   # received inputs no stage reads (only relayed)
-        # partial outputs: a unit's first contribution (kernel output or message views) is its accumulator,
-        # widened to the stat dtype when a second one is merged in; home results are assembled at the end
-        self.hacc: dict[Any, list[torch.Tensor]] = {}      # home units (keyed by ``_home_key``)
-        self.whole: dict[Kind, tuple] = {}                 # kernel outputs adopted as all home accumulators
-        self.touched: set[Kind] = set()
-        self.moved: set[Kind] = set()                      # kinds with an accumulator widened to the stat dtype
-        self.acc: dict[Unit, list[torch.Tensor]] = {}      # partials of other homes, until sent
-        self.sent: set[Unit] = set()
-        self.inbox: dict[tuple[Unit, int], list[torch.Tensor]] = {}
-        self.pending: dict[int, tuple[Any, tuple]] = {}
+        self.add_into = getattr(self.kernels, "add_into", None) or torch._foreach_add_
+        self.tab = tab = plan_tables(plan)
+        self.comp = comp = tab.compiled(direction, device, self.dt)
+        side_q = tuple(home[:1]) if self.fwd else (home[0], home[3], home[4], home[5])
+        side_kv = (home[1], home[2])
+        key = (direction, device, self.dt, self.dev, tuple((t.dtype, tuple(t.shape)) for t in side_q + side_kv))
+        self.ws = ws = tab.workspace(key, lambda: Workspace(comp, side_q, side_kv))
+        S = self.S = list(ws.S0)
+        for s, t in zip(comp.home_q + comp.home_kv, side_q + side_kv):
+            S[s] = t
+        self.V: list = [None] * comp.n_views  # the step's views, made at first use
+        if ws.zero:
+            torch._foreach_zero_(ws.zero)
+        if ws.staged_dst:
+            torch._foreach_copy_(ws.staged_dst, [_view(S, s) for s in ws.staged_src])
+        self.steps, self.seg_starts = ws.steps, comp.seg_starts
+        self.pending: dict = {}
+        self._fns = {"launch": self._launch, "wait": self._wait, "compute": self._compute, "reduce": self._reduce}
 
     # -- segments for lockstep execution
     @property
@@ -220,289 +274,171 @@ class DeviceRunner:
         return len(self.seg_starts) - 1
 
     def run_segment(self, r: int, part: str = "all") -> None:
-        """Run segment r: ``part`` "launch" (its first op, a launch when r >= 1), "rest", or "all"."""
-        a = self.seg_starts[r] if r < len(self.seg_starts) else len(self.ops)
-        b = self.seg_starts[r + 1] if r + 1 < len(self.seg_starts) else len(self.ops)
+        """Run segment r: ``part`` "launch" (its first step, a launch when r >= 1), "rest", or "all"."""
+        steps, starts = self.steps, self.seg_starts
+        a = starts[r] if r < len(starts) else len(steps)
+        b = starts[r + 1] if r + 1 < len(starts) else len(steps)
         if r >= 1:
             if part in ("launch", "all"):
-                self._step(self.ops[a])
+                self.step(steps[a])
             if part == "launch":
                 return
             a += 1
-        for op in self.ops[a:b]:
-            self._step(op)
+        for st in steps[a:b]:
+            self.step(st)
+
+    def step(self, st) -> None:
+        """Run one compiled step (``self.steps``)."""
+        self._fns[st.code](st)
 
     def run(self) -> None:
-        for op in self.ops:
-            self._step(op)
+        fns = self._fns
+        try:
+            for st in self.steps:
+                fns[st.code](st)
+        except BaseException:
+            self.release()
+            raise
 
-    # -- instructions
-    def _step(self, op: Op) -> None:
-        if op.code == "launch":
-            self._launch(op)
-        elif op.code == "wait":
-            self._wait(op)
-        elif op.code == "compute":
-            self._compute(op)
-        else:
-            self._reduce(op)
+    def release(self) -> None:
+        """Give the workspace back (``finish_*`` does; after a failed step, so that the next runner may
+        reuse it)."""
+        self.ws.busy = False
+
+    # -- steps
+    def _get(self, s):
+        """The tensor a ``Spec`` names (made once per step; a bound view passes through)."""
+        if s.__class__ is not Spec:
+            return s
+        space, a, b, h, dim, vid = s
+        t = self.V[vid]
+        if t is None:
+            t = self.S[space]
+            if a is not None:
+                if dim == 3:
+                    t = t[a:b] if h is None else t[a:b, h]
+                else:
+                    t = t[:, a:b] if h is None else t[h, a:b]
+            self.V[vid] = t
+        return t
 
     def _err(self, msg: str) -> ExecutionError:
         return ExecutionError(f"{self.direction} device {self.rank}: {msg}")
 
-    def _is_home(self, tb: int) -> bool:
-        return int(self.tab.home[tb]) == self.rank
+    def _launch(self, st) -> None:
+        get = self._get
+        sends, dsts, srcs = [], [], []
+        if st.msgs:  # the round's messages, one after another in one buffer
+            buf = torch.empty(st.nbytes, dtype=torch.uint8, device=self.dev)
+            typed = {dt: buf.view(dt) for dt in st.dtypes}
+        for peer, off, nb, pieces, alias in st.msgs:
+            if alias is not None:  # one tensor nobody writes any more: its bytes are the message
+                v = get(alias[0])
+                if v.dtype == alias[1] and v.is_contiguous():
+                    sends.append((peer, v.view(-1).view(torch.uint8)))
+                    continue
+            for (dt, size, stride, eoff), src in pieces:
+                dsts.append(torch.as_strided(typed[dt], size, stride, eoff))
+                srcs.append(get(src))
+            sends.append((peer, buf[off:off + nb]))
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
+        self.pending[st.round] = self.comm.launch(st.round, sends, st.recvs)
 
-    def _heads(self, unit: Unit) -> slice:
-        tab = self.tab
-        if unit.kind in (Kind.KV, Kind.DKV):
-            return slice(tab.kv_lo[unit.hb], tab.kv_lo[unit.hb] + tab.kvb)
-        return slice(unit.hb * tab.hqb, (unit.hb + 1) * tab.hqb)
+    def _wait(self, st) -> None:
+        S = self.S
+        bufs = self.comm.wait(self.pending.pop(st.round))
+        dsts, srcs = [], []
+        if len(bufs) != len(st.msgs):
+            raise self._err(f"round {st.round}: {len(bufs)} messages arrived, expected {len(st.msgs)}")
+        for (peer, nb, dtypes, regions, pieces), buf in zip(st.msgs, bufs):
+            # a Comm hands back what ``recvs`` asked for (InMemoryComm checks each message's shape and dtype)
+            base = buf.storage_offset()  # a message sent as it was may be a view
+            typed = {dt: (buf.view(dt), base // dt.itemsize) for dt in dtypes}
+            for space, (dt, size, stride, off) in regions:
+                t, t0 = typed[dt]
+                S[space] = torch.as_strided(t, size, stride, t0 + off)
+            for dst, (dt, size, stride, off) in pieces:
+                t, t0 = typed[dt]
+                dsts.append(dst)  # a bound slot view
+                srcs.append(torch.as_strided(t, size, stride, t0 + off))
+        if dsts:
+            torch._foreach_copy_(dsts, srcs)
 
-    def _missing(self, unit: Unit) -> ExecutionError:
-        return self._err(f"needs input {unit.kind.name}[{unit.tb},{unit.hb}], which it neither holds nor received")
-
-    def _input(self, unit: Unit) -> list[torch.Tensor]:
-        """Views of an input unit: in the caller's tensors, its BUF slot, or the message it came in."""
-        if unit.kind not in (self.in_q, self.in_kv):
-            raise self._err(f"{unit.kind.name} is not an input of the {self.direction} pass")
-        side = self.side_q if unit.kind == self.in_q else self.side_kv
-        if self._is_home(unit.tb):
-            src, row = side[HOME], int(self.tab.local_off[unit.tb])
-        elif unit not in self.arrived:
-            raise self._missing(unit)
-        elif unit in self.relay:
-            return self.relay[unit]
+    def _compute(self, st) -> None:
+        S, get, kern, scale, stat = self.S, self._get, self.kernels, self.scale, self.dt.stat
+        if self.fwd:
+            for qs, kvs, table, outs in st.calls:
+                o, lse = kern.forward(get(qs[0]), get(kvs[0]), get(kvs[1]), table, scale)
+                S[outs[0]] = o
+                S[outs[1]] = lse if lse.dtype == stat else lse.to(stat)
         else:
-            src, row = side[BUF], (self.lay.q_slot if unit.kind == self.in_q else self.lay.kv_slot)[unit.tb]
-        n, heads = int(self.tab.tb_len[unit.tb]), self._heads(unit)
-        return [rows_of(t, row, row + n, heads) for t in src]
+            for qs, kvs, table, outs in st.calls:
+                q, do, lse, delta = [get(s) for s in qs]
+                dq, dk, dv = kern.backward(do, q, get(kvs[0]), get(kvs[1]), lse, delta, table, scale,
+                                           out_dtype=stat)
+                S[outs[0]], S[outs[1]], S[outs[2]] = dq, dk, dv
+        if st.merges[0]:
+            self._merge(st.merges)
 
-    def _payload(self, unit: Unit) -> list[torch.Tensor]:
-        if unit.kind in (self.in_q, self.in_kv):
-            return self._input(unit)
-        if unit in self.sent:
-            raise self._err(f"sends partial {unit.kind.name}[{unit.tb},{unit.hb}] twice")
-        acc = self.acc.pop(unit, None)
-        if acc is None:
-            raise self._err(f"sends partial {unit.kind.name}[{unit.tb},{unit.hb}], which it never computed")
-        self.sent.add(unit)
-        return acc
+    def _reduce(self, st) -> None:
+        self._merge(st.merges)
 
-    def _launch(self, op: Op) -> None:
-        sends = []
-        for peer, units in op.sends:
-            # a message of one tensor nobody writes any more (home input, sent partial) is sent as is
-            alias = not any(u.kind in (self.in_q, self.in_kv) and not self._is_home(u.tb) and u not in self.relay
-                            for u in units)
-            tensors = [t for u in units for t in self._payload(u)]
-            sends.append((peer, pack(tensors, self.tab.message(units, self.dt), self.dev, alias)))
-        recvs = [(peer, (sum(nbytes(s, dt) for s, dt in self.tab.message(units, self.dt)),), torch.uint8)
-                 for peer, units in op.recvs]
-        if op.round in self.pending:
-            raise self._err(f"launches round {op.round} twice")
-        self.pending[op.round] = (self.comm.launch(op.round, sends, recvs), op.recvs)
-
-    def _wait(self, op: Op) -> None:
-        got = self.pending.pop(op.round, None)
-        if got is None:
-            raise self._err(f"waits for round {op.round}, which it never launched")
-        handle, recv_groups = got
-        bufs = self.comm.wait(handle)
-        for (peer, units), buf in zip(recv_groups, bufs):
-            layout = self.tab.message(units, self.dt)
-            want = sum(nbytes(s, dt) for s, dt in layout)
-            if buf.numel() != want or buf.dtype != torch.uint8:
-                raise self._err(f"round {op.round}: message from device {peer} has {buf.numel()} bytes, "
-                                f"expected {want}")
-            tensors = unpack(buf, layout)
-            i = 0
-            for u in units:
-                n = len(self.tab.pieces(u.kind, u.tb, self.dt))
-                part = tensors[i:i + n]
-                i += n
-                if u.kind in (self.in_q, self.in_kv):
-                    self._store_input(u, part)
-                else:
-                    if (u, peer) in self.inbox:
-                        raise self._err(f"receives partial {u.kind.name}[{u.tb},{u.hb}] from {peer} twice")
-                    self.inbox[u, peer] = part
-
-    def _store_input(self, u: Unit, part: list[torch.Tensor]) -> None:
-        """Unpack a received input unit into its BUF slot (kept as message views when no stage reads it)."""
-        q_side = u.kind == self.in_q
-        row = (self.lay.q_slot if q_side else self.lay.kv_slot).get(u.tb)
-        self.arrived.add(u)
-        if row is None or self._is_home(u.tb):
-            self.relay[u] = part
-            return
-        self.relay.pop(u, None)
-        n, heads = int(self.tab.tb_len[u.tb]), self._heads(u)
-        for dst, src in zip((self.side_q if q_side else self.side_kv)[BUF], part):
-            rows_of(dst, row, row + n, heads).copy_(src)
-
-    # -- partial outputs
-    def _home_key(self, unit: Unit):
-        # dK/dV of head blocks that share a kv head (blocks smaller than a GQA group) add up in one region
-        return (unit.kind, unit.tb, self.tab.kv_lo[unit.hb]) if unit.kind == Kind.DKV else unit
-
-    def _merge(self, kind: Kind, acc: list[torch.Tensor], parts: list[torch.Tensor]) -> None:
-        if kind == Kind.O:
-            self.kernels.merge_into(acc[0], acc[1], parts[0], parts[1])
-        else:
-            for a, p in zip(acc, parts):
-                a.add_(p)
-
-    def _acc_add(self, unit: Unit, parts: list[torch.Tensor]) -> None:
-        """First contribution: its tensors (kernel output or message views, which nothing else uses) become
-        the accumulator, no clone; later ones merge into it in place (widened to the stat dtype first)."""
-        if unit in self.sent:
-            raise self._err(f"adds to partial {unit.kind.name}[{unit.tb},{unit.hb}] after sending it")
-        home = self._is_home(unit.tb)
-        store, key = (self.hacc, self._home_key(unit)) if home else (self.acc, unit)
-        if home:
-            self.touched.add(unit.kind)
-        acc = store.get(key)
-        if acc is None:
-            store[key] = list(parts)
-            return
-        if any(a.dtype != self.dt.stat for a in acc):
-            acc = store[key] = [a.to(self.dt.stat) for a in acc]
-            self.moved.add(unit.kind)
-        self._merge(unit.kind, acc, parts)
-
-    def _home_units(self, kind: Kind) -> list[tuple[Any, int, slice]]:
-        """(key, token block, heads) of every home accumulator region of ``kind``, in local row order."""
-        out, seen = [], set()
-        for tb in self.lay.home_q:
-            for hb in range(self.tab.nhb):
-                u = Unit(kind, tb, hb)
-                key = self._home_key(u)
-                if key not in seen:
-                    seen.add(key)
-                    out.append((key, tb, self._heads(u)))
-        return out
-
-    def _adopt(self, kind: Kind, outs: tuple) -> bool:
-        """A kernel output covering every home row and head, before any other contribution, becomes the
-        home accumulator as a whole (and the finished result, unless a region had to be widened)."""
-        if kind in self.touched or any(t.dtype != self.dt.stat and t.dim() == 2 for t in outs):
-            return False
-        self.touched.add(kind)
-        self.whole[kind] = outs
-        for key, tb, heads in self._home_units(kind):
-            row = int(self.tab.local_off[tb])
-            self.hacc[key] = [rows_of(t, row, row + int(self.tab.tb_len[tb]), heads) for t in outs]
-        return True
-
-    def _reduce(self, op: Op) -> None:
-        for src in op.sources:
-            parts = self.inbox.pop((op.unit, src), None)
-            if parts is None:
-                raise self._err(f"reduces {op.unit.kind.name}[{op.unit.tb},{op.unit.hb}] from device {src}, "
-                                f"which never sent it")
-            self._acc_add(op.unit, parts)
-
-    def _src(self, side: list, src: int, kind: Kind, out: tuple) -> Sequence[torch.Tensor]:
-        if src == MSG:  # the call's one unit on this side, as it arrived
-            return self.relay[Unit(kind, out[0][0], out[0][1])]
-        return side[src]
-
-    def _compute(self, op: Op) -> None:
-        for c in op.calls:
-            for u in c.needs:
-                if u not in self.arrived:
-                    raise self._missing(u)
-            qs = [rows_of(t, c.q_lo, c.q_hi, c.hq) for t in self._src(self.side_q, c.q_src, self.in_q, c.q_out)]
-            k, v = (rows_of(t, c.kv_lo, c.kv_hi, c.hk) for t in self._src(self.side_kv, c.kv_src, self.in_kv,
-                                                                             c.kv_out))
-            if self.direction == "forward":
-                o, lse = self.kernels.forward(qs[0], k, v, c.table, self.scale)
-                if not (c.q_home_full and self._adopt(Kind.O, (o, lse))):
-                    for tb, hb, a, b, hs in c.q_out:
-                        self._acc_add(Unit(Kind.O, tb, hb), [rows_of(o, a, b, hs), rows_of(lse, a, b, hs)])
-                continue
-            dq, dk, dv = self.kernels.backward(qs[1], qs[0], k, v, qs[2], qs[3], c.table, self.scale,
-                                               out_dtype=self.dt.stat)
-            if not (c.q_home_full and self._adopt(Kind.DQ, (dq,))):
-                for tb, hb, a, b, hs in c.q_out:
-                    self._acc_add(Unit(Kind.DQ, tb, hb), [rows_of(dq, a, b, hs)])
-            if not (c.kv_home_full and self._adopt(Kind.DKV, (dk, dv))):
-                for tb, hb, a, b, hs in c.kv_out:
-                    self._acc_add(Unit(Kind.DKV, tb, hb), [rows_of(dk, a, b, hs), rows_of(dv, a, b, hs)])
+    def _merge(self, merges) -> None:
+        widen, o_merges, layers = merges
+        S, get, stat = self.S, self._get, self.dt.stat
+        for s in widen:
+            t = S[s]
+            if t.dtype != stat:
+                S[s] = t.to(stat)
+        for p in o_merges:
+            self.kernels.merge_into(get(p[0]), get(p[1]), get(p[2]), get(p[3]))
+        for dsts, srcs in layers:
+            self.add_into([get(s) for s in dsts], [get(s) for s in srcs])
 
     # -- results
-    def _check_done(self) -> None:
-        if self.pending:
-            raise self._err(f"rounds {sorted(self.pending)} launched but never waited")
-        if self.inbox:
-            (u, src) = next(iter(self.inbox))
-            raise self._err(f"partial {u.kind.name}[{u.tb},{u.hb}] received from device {src} is never merged")
-        for u in self.acc:
-            raise self._err(f"partial {u.kind.name}[{u.tb},{u.hb}] is never sent to its home "
-                            f"{int(self.tab.home[u.tb])}")
-
-    def _split(self, kind: Kind) -> bool:
-        """Whether head blocks split the rows of ``kind``'s home results into several regions."""
-        h = self.tab.hkv if kind == Kind.DKV else self.tab.hq
-        return any(heads != slice(0, h) for _, _, heads in self._home_units(kind))
-
-    def _result(self, kind: Kind, dtypes: tuple, empty: tuple, blocks: dict | None) -> list[torch.Tensor]:
-        """The local result tensors of ``kind`` (regions nothing was added to set to ``empty``): an adopted
-        whole kernel output as it is, else one ``cat`` of the regions per tensor (one copy per region when
-        head blocks split rows). With ``blocks``: append each home block's rows to ``blocks[tb]`` instead."""
-        whole = self.whole.get(kind)
-        if blocks is None and whole is not None and kind not in self.moved:
-            return [t.to(dt) for t, dt in zip(whole, dtypes)]
-        tab, n = self.tab, int(self.tab.n_local[self.rank])
-        h, split = (tab.hkv if kind == Kind.DKV else tab.hq), self._split(kind)
-        out = []
-        for i, (dt, value) in enumerate(zip(dtypes, empty)):
-            stat_rows = kind == Kind.O and i == 1  # lse [H, T]: rows along dim 1
-
-            def shape(m: int) -> tuple:
-                return (h, m) if stat_rows else (m, h, tab.d)
-
-            res = torch.empty(shape(n), dtype=dt, device=self.dev) if split else None
-            regions = []
-            for key, tb, heads in self._home_units(kind):
-                a, b = int(tab.local_off[tb]), int(tab.local_off[tb] + tab.tb_len[tb])
-                t = self.hacc[key][i] if key in self.hacc else None
-                if res is not None:  # head blocks split the rows: a copy per region
-                    if t is None:
-                        rows_of(res, a, b, heads).fill_(value)
-                    else:
-                        rows_of(res, a, b, heads).copy_(t)
+    def _results(self) -> list[torch.Tensor]:
+        S, get, dev, out = self.S, self._get, self.dev, []
+        for recipe in self.comp.results:
+            for r in recipe:
+                if r[0] == "whole":
+                    out.append(S[r[1]].to(r[2]))
                     continue
-                t = torch.full(shape(b - a), value, dtype=dt, device=self.dev) if t is None else t
-                if blocks is not None:
-                    blocks.setdefault(tb, []).append(t)
-                regions.append(t)
-            if blocks is None:
-                out.append(res if split else cat_as(regions, 1 if stat_rows else 0, dt,
-                                                     torch.empty(shape(0), dtype=dt, device=self.dev)))
+                _, shape, dtype, dim, pieces, fills, empty = r
+                res = torch.empty(shape, dtype=dtype, device=dev)
+                if pieces:
+                    torch._foreach_copy_([_cut(res, a, b, h, dim) for (a, b, h), _ in pieces],
+                                         [get(s) for _, s in pieces])
+                for a, b, h in fills:
+                    _cut(res, a, b, h, dim).fill_(empty)
+                out.append(res)
+        self.release()
         return out
+
+    def _blocks(self, out: list, blocks: dict) -> None:
+        for tb, a, m in self.comp.home_rows:
+            blocks.setdefault(tb, []).extend(_cut(t, a, a + m, None, t.dim()) for t in out)
 
     def finish_forward(self, blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(o_local [n_local, Hq, D] in the element dtype, lse_local [Hq, n_local] in the stat dtype). With
-        ``blocks`` (a dict; only when ``can_hand_blocks``) instead: ``blocks[tb]`` gets home block tb's
-        (o, lse) rows, for assembling the packed result without a local one."""
-        self._check_done()
-        o_lse = self._result(Kind.O, (self.dt.el, self.dt.stat), (0.0, float("-inf")), blocks)
-        return None if blocks is not None else own_storages(*o_lse)
+        ``blocks`` (a dict) instead: ``blocks[tb]`` gets home block tb's (o, lse) rows, for assembling the
+        packed result."""
+        out = self._results()
+        if blocks is not None:
+            return self._blocks(out, blocks)
+        return own_storages(*out)
 
     def finish_backward(self, blocks: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(dq, dk, dv) local, in the element dtype; with ``blocks``: like ``finish_forward``."""
-        self._check_done()
-        el = self.dt.el
-        dq = self._result(Kind.DQ, (el,), (0.0,), blocks)
-        dk_dv = self._result(Kind.DKV, (el, el), (0.0, 0.0), blocks)
-        return None if blocks is not None else own_storages(*dq, *dk_dv)
+        out = self._results()
+        if blocks is not None:
+            return self._blocks(out, blocks)
+        return own_storages(*out)
 
     @property
     def can_hand_blocks(self) -> bool:
-        """Whether each home token block's result rows are one region (head blocks split no row)."""
-        return not any(self._split(k) for k in OUTPUT_KINDS[self.direction])
+        """Whether ``finish_*`` can hand each home token block's result rows (always)."""
+        return True
 
 
 def own_storages(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -511,7 +447,7 @@ def own_storages(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     a storage with different dtypes. A tensor sharing an earlier one's storage is copied."""
     seen, out = set(), []
     for t in tensors:
-        ptr = t.untyped_storage().data_ptr() if t.numel() else None
+        ptr = t.untyped_storage().data_ptr() if t.numel() and t.device.type != "meta" else None
         out.append(t.clone() if ptr is not None and ptr in seen else t)
         seen.add(ptr)
     return tuple(out)

@@ -78,13 +78,18 @@ def run_lockstep(runners: Sequence[DeviceRunner], comm: InMemoryComm) -> None:
     if len(rounds) != 1:
         raise ExecutionError(f"devices run different numbers of rounds: {[r.n_rounds for r in runners]}")
     n_rounds = rounds.pop()
-    for r in range(n_rounds + 1):
-        if r:
+    try:
+        for r in range(n_rounds + 1):
+            if r:
+                for run in runners:
+                    run.run_segment(r, "launch")
             for run in runners:
-                run.run_segment(r, "launch")
+                run.run_segment(r, "rest" if r else "all")
+        comm.check_drained()
+    except BaseException:
         for run in runners:
-            run.run_segment(r, "rest" if r else "all")
-    comm.check_drained()
+            run.release()
+        raise
 
 
 class ReferenceExecutor:
@@ -130,15 +135,22 @@ class ReferenceExecutor:
     def _run(self, plan: Plan, direction: str, homes: list) -> list[DeviceRunner]:
         comm = InMemoryComm()
         scale = default_scale(plan, self.scale)
-        runners = [DeviceRunner(plan, d, direction, homes[d], comm.endpoint(d), self.kernels, scale,
-                                self.partial_dtype) for d in range(plan.n_devices)]
+        runners: list[DeviceRunner] = []
+        try:
+            for d in range(plan.n_devices):
+                runners.append(DeviceRunner(plan, d, direction, homes[d], comm.endpoint(d), self.kernels, scale,
+                                            self.partial_dtype))
+        except BaseException:
+            for run in runners:
+                run.release()
+            raise
         run_lockstep(runners, comm)
         return runners
 
     @staticmethod
     def _assemble(plan: Plan, runners: list[DeviceRunner], dims: tuple) -> list[torch.Tensor]:
-        """The packed results straight from every device's per-block result rows: one ``cat`` per tensor in
-        packed order (one pass, no per-device result and scatter), or per device and ``undispatch``."""
+        """The packed results from every device's per-block result rows: one ``cat`` per tensor in packed
+        order (or per device and ``undispatch`` when a runner cannot hand blocks)."""
         finish = [r.finish_forward if r.direction == "forward" else r.finish_backward for r in runners]
         if len(runners) == 1 and plan_tables(plan).scatter_index()[2]:
             return list(finish[0]())

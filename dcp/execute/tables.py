@@ -1,14 +1,17 @@
 """Per-plan tables every executor derives once and caches per plan object (``plan_tables``).
 
 ``PlanTables`` holds what all devices and steps of one plan share: the local row offsets of each token
-block, the packed batch's mask ranges, each (direction, device)'s compiled op stream (``Op``: launch /
-wait / compute / reduce, with the kernel calls of each Compute) and buffer layout
-(``dcp.execute.buffers``), and the (shape, dtype) of every message. ``ensure_valid`` /
-``check_tiles_once`` run the validator or a cheap structural check once per plan object.
-The interpreter that runs these streams is ``dcp.execute.local.DeviceRunner``.
+block, the packed batch's mask ranges, each (direction, device)'s op stream (``Op``: launch / wait /
+compute / reduce, with the kernel calls of each Compute) and buffer layout (``dcp.execute.buffers``),
+its compiled steps (``dcp.execute.compile``: every view, copy and merge resolved, every plan error
+found), the region layout of every message, and the workspaces (slot buffers and the steps bound to
+them) that every step of a plan reuses. ``ensure_valid`` / ``check_tiles_once`` run the validator or a
+cheap structural check once per plan object. The interpreter that runs the steps is
+``dcp.execute.local.DeviceRunner``.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,7 +28,7 @@ from dcp.kernels.tiles import TileTable
 from dcp.layout.units import Kind
 
 if TYPE_CHECKING:
-    from dcp.execute.local import Dtypes
+    from dcp.execute.compile import Compiled, Dtypes, MessageLayout
 
 INPUT_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 OUTPUT_KINDS = {"forward": (Kind.O,), "backward": (Kind.DQ, Kind.DKV)}
@@ -58,6 +61,7 @@ class PlanTables:
         self.kv_lo = [(hb * self.hqb) // g for hb in range(self.nhb)]
         self.tb_len = lay.tb_len.astype(np.int64)
         self.home = plan.home.astype(np.int64)
+        self.tb_len_list, self.home_list = self.tb_len.tolist(), self.home.tolist()
         # row offset of each token block inside its home's local tensors
         self.local_off = np.zeros(lay.n_token_blocks, dtype=np.int64)
         self.n_local = np.zeros(plan.n_devices, dtype=np.int64)
@@ -66,12 +70,17 @@ class PlanTables:
             lens = self.tb_len[blocks]
             self.local_off[blocks] = np.cumsum(lens) - lens
             self.n_local[d] = int(lens.sum())
+        self.local_off_list = self.local_off.tolist()
         self._local_index = {}
         self._stages: dict[tuple, tuple] = {}       # (direction, device, tiles) -> kernel calls
         self._programs: dict[tuple, tuple[list[Op], list[int]]] = {}
         self._layouts: dict[tuple, DeviceLayout] = {}
-        self._messages: dict[tuple, list] = {}
-        self._granges = None
+        self._messages: dict[tuple, "MessageLayout"] = {}
+        self._compiled: dict[tuple, "Compiled"] = {}
+        self._workspaces: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+        self._seq_ranges: dict[int, np.ndarray] = {}
+        self.cu_seqlens = np.asarray(plan.spec.cu_seqlens, dtype=np.int64)
         self._scatter = None
         self.validated = False
         self.tiles_checked = False
@@ -95,18 +104,25 @@ class PlanTables:
                              bool(np.array_equal(perm, np.arange(perm.size))))
         return self._scatter
 
-    # -- mask ranges of the packed batch, local to each sequence, padded to the max slot count
-    def global_ranges(self) -> np.ndarray:
-        if self._granges is None:
-            spec = self.plan.spec
-            per_seq = [spec.kv_ranges(s) for s in range(spec.num_seqs)]
-            r = max(x.shape[1] for x in per_seq)
-            out = np.zeros((spec.total_tokens, r, 2), dtype=np.int32)
-            cu = spec.cu_seqlens
-            for s, x in enumerate(per_seq):
-                out[cu[s]:cu[s + 1], :x.shape[1]] = x
-            self._granges = out
-        return self._granges
+    # -- mask ranges of packed rows, local to their sequence
+    def ranges_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """int64 ``[len(rows), R, 2]``: the sequence-local key ranges (``spec.kv_ranges``) of packed rows
+        ``rows``, padded with empty slots. Each sequence's ranges are fetched once per plan, and only for
+        sequences some rank asks for."""
+        cu = self.cu_seqlens
+        seq = np.searchsorted(cu, rows, side="right") - 1
+        per = {}
+        for s in np.unique(seq).tolist():
+            got = self._seq_ranges.get(s)
+            if got is None:
+                got = self._seq_ranges[s] = np.asarray(self.plan.spec.kv_ranges(s))
+            per[s] = got
+        r = max((x.shape[1] for x in per.values()), default=1)
+        out = np.zeros((rows.size, r, 2), dtype=np.int64)
+        for s, x in per.items():
+            sel = seq == s
+            out[sel, :x.shape[1]] = x[rows[sel] - cu[s]]
+        return out
 
     # -- compiled programs
     def program(self, direction: str, device: int) -> tuple[list[Op], list[int]]:
@@ -143,41 +159,54 @@ class PlanTables:
                 ops.append(Op("compute", round=op[1], tiles=tuple(op[2].tolist())))
             else:
                 kind, tb, hb = op[1]
-                ops.append(Op("reduce", unit=Unit(Kind(kind), tb, hb), sources=op[2]))
+                ops.append(Op("reduce", unit=Unit(_KIND[kind], tb, hb), sources=op[2]))
         return ops, starts
 
-    # -- payload layout of a unit
-    def pieces(self, kind: Kind, tb: int, dt: "Dtypes") -> list[tuple[tuple, torch.dtype]]:
-        n = int(self.tb_len[tb])
-        hq, hkv, d = self.hqb, self.kvb, self.d
-        if kind == Kind.Q:
-            return [((n, hq, d), dt.el)]
-        if kind == Kind.KV:
-            return [((n, hkv, d), dt.el)] * 2
-        if kind == Kind.O:
-            return [((n, hq, d), dt.part), ((hq, n), dt.stat)]
-        if kind == Kind.QG:
-            return [((n, hq, d), dt.el)] * 2 + [((hq, n), dt.stat)] * 2
-        if kind == Kind.DQ:
-            return [((n, hq, d), dt.part)]
-        if kind == Kind.DKV:
-            return [((n, hkv, d), dt.part)] * 2
-        raise ExecutionError(f"unknown unit kind {kind!r}")
-
-    def message(self, units: tuple, dt: "Dtypes") -> list[tuple[tuple, torch.dtype]]:
-        """(shape, dtype) of every tensor of a message carrying ``units`` (cached)."""
-        got = self._messages.get((units, dt))
+    # -- compiled steps, message layouts, workspaces
+    def compiled(self, direction: str, device: int, dt: "Dtypes") -> "Compiled":
+        """The device's compiled steps (``dcp.execute.compile``; raises ``ExecutionError`` for a plan the
+        device cannot run)."""
+        key = (direction, device, dt)
+        got = self._compiled.get(key)
         if got is None:
-            got = self._messages[(units, dt)] = [p for u in units for p in self.pieces(u.kind, u.tb, dt)]
+            from dcp.execute.compile import compile_program
+
+            got = self._compiled[key] = compile_program(self, direction, device, dt)
+        return got
+
+    def message_layout(self, key: tuple, units: tuple, dt: "Dtypes") -> "MessageLayout":
+        """Regions of the message ``key`` = (direction, round, src, dst) carrying ``units`` (cached per key and dtypes;
+        ``dcp.execute.compile.message_layout``)."""
+        got = self._messages.get((key, dt))
+        if got is None:
+            from dcp.execute.compile import message_layout
+
+            got = self._messages[(key, dt)] = message_layout(self, units, dt)
+        return got
+
+    def workspace(self, key: tuple, make):
+        """The cached workspace ``key``, marked busy (``busy = False`` frees it), if no runner holds it; else
+        (or the first time) ``make()`` (only the first is cached)."""
+        with self._lock:
+            got = self._workspaces.get(key)
+            if got is None:
+                got = self._workspaces[key] = make()
+            elif got.busy:
+                got = make()
+            got.busy = True
         return got
 
 
+_KIND = tuple(Kind)  # Kind(i) is slow: _KIND[i]
+
+
 def _group(rows: np.ndarray, peer_col: int) -> tuple:
-    """((peer, (unit, ...)), ...) of one round's transfer rows, per peer in order, units sorted."""
+    """((peer, (unit, ...)), ...) of one round's transfer rows, per peer in order, units sorted (the rows of
+    ``DeviceIndex`` come by (peer, kind, tb, hb) within a round already: sender and receiver see one order)."""
     by_peer: dict[int, list] = {}
     for kind, tb, hb, peer in rows[:, [KIND, TB, HB, peer_col]].tolist():
-        by_peer.setdefault(peer, []).append(Unit(Kind(kind), tb, hb))
-    return tuple((p, tuple(sorted(us))) for p, us in sorted(by_peer.items()))
+        by_peer.setdefault(peer, []).append(Unit(_KIND[kind], tb, hb))
+    return tuple((p, tuple(us)) for p, us in sorted(by_peer.items()))
 
 
 _TABLES: "weakref.WeakKeyDictionary[Plan, PlanTables]" = weakref.WeakKeyDictionary()
