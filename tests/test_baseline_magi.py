@@ -267,7 +267,7 @@ def test_search_takes_the_best_own_schedule_per_direction():
     parts = planner.static_parts(spec, cluster)
     own = (parts, *planner.schedule_variants(spec, cluster, parts))
     args = (spec, cluster, parts.layout, parts.tiles, parts.home, parts.tile_device, cost, (), True)
-    alone = [evaluate("x", *args, own=o) for o in own]
+    alone = [evaluate("x", *args, own=(o,)) for o in own]
     both = evaluate("x", *args, own=own)
     assert both.forward_s == min(c.forward_s for c in alone)
     assert both.backward_s == min(c.backward_s for c in alone)

@@ -23,13 +23,17 @@ def digest_bytes(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def batch_digest(spec: BatchSpec) -> bytes:
-    """sha256 (32 bytes) of a batch description: lengths, masks and head geometry.
+def batch_digest(spec: BatchSpec, with_dtype: bool = True) -> bytes:
+    """sha256 (32 bytes) of a batch description: lengths, masks and head geometry (and the dtype, unless
+    ``with_dtype=False``: it only weighs the cost model, so a plan made for one dtype serves another).
 
     Independent of process-local object identities, so two ranks that formed the same batch get the
     same digest (used to check that every rank trains on the same batch).
     """
-    text = json.dumps(spec.describe(), sort_keys=True, separators=(",", ":"), default=str)
+    described = spec.describe()
+    if not with_dtype:
+        described.pop("dtype")
+    text = json.dumps(described, sort_keys=True, separators=(",", ":"), default=str)
     return digest_bytes(text.encode())
 
 

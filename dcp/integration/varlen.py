@@ -33,7 +33,6 @@ with (``InvalidConfigError``): give it the ``config=``/``cluster=`` given to ``v
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 import weakref
@@ -49,7 +48,7 @@ from dcp.config import PlannerConfig
 from dcp.errors import (DcpError, InvalidBatchError, InvalidClusterError, InvalidConfigError, InvalidMaskError,
                         PlanMismatchError)
 from dcp.integration.broadcast import share_plan
-from dcp.integration.cache import CachedPlan, PlanCache, config_fingerprint, digest_bytes
+from dcp.integration.cache import CachedPlan, PlanCache, batch_digest, config_fingerprint, digest_bytes
 from dcp.integration.worker import PlanningError
 from dcp.ir.plan import Plan
 from dcp.masks import CausalMask, Mask
@@ -206,9 +205,7 @@ def varlen_digests(spec: BatchSpec, cluster: Cluster, config: PlannerConfig) -> 
     head geometry (NOT the dtype): equal on every rank that formed the same batch, which ``share_plan``
     checks. The key adds the cluster and the planner config (their ``repr``, which a custom partitioner
     may make process-specific, so it is never compared across ranks)."""
-    described = spec.describe()
-    described.pop("dtype")
-    batch = digest_bytes(json.dumps(described, sort_keys=True, separators=(",", ":"), default=str).encode())
+    batch = batch_digest(spec, with_dtype=False)
     return batch, digest_bytes(batch + config_fingerprint(cluster, config).encode())
 
 

@@ -96,7 +96,7 @@ def schedule_bytes(spec: BatchSpec, layout: BlockLayout, sched: Schedule) -> int
 def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout, tiles: TileSet, home: np.ndarray,
              tile_device: np.ndarray, cost: CostModel, stage_counts: tuple[int, ...], two_phase: bool,
              notes: tuple[str, ...] = (), per_direction: tuple[int, int] | None = None,
-             own=()) -> Candidate:
+             own: tuple = ()) -> Candidate:
     """Schedule a placement at each stage count, per direction keep the one estimated fastest
     (``per_direction``: one given stage count for the forward and one for the backward instead).
     ``own``: schedules the placement came with (a static plan's, each with ``tile_stage`` and ``routes``, e.g.
@@ -104,7 +104,6 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
     with dcp's, per direction."""
     home = np.asarray(home, dtype=np.int64)
     tile_device = np.asarray(tile_device, dtype=np.int64)
-    own = (own,) if hasattr(own, "tile_stage") else tuple(own or ())  # one schedule (StaticParts is a tuple too)
     best = {}
     for i, direction in enumerate(("forward", "backward")):
         tt = tile_times(cost, layout, tiles, direction)
