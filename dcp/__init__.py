@@ -4,7 +4,9 @@ Plan a batch: ``dcp.plan(dcp.BatchSpec(...), dcp.Cluster(...), dcp.PlannerConfig
 check it with ``dcp.validate(plan)``; ship it with ``plan.to_bytes()`` / ``dcp.Plan.from_bytes()``.
 Run it with ``dcp.attention(q_local, k_local, v_local, plan)`` (see ``dcp.execute``) on every rank, with
 the same plan (``dcp.broadcast_plan`` ships one rank's plan to the others; the executor checks that the
-ranks agree before any transfer).
+ranks agree before any transfer). A model whose layers differ (sliding-window and full layers) plans a
+layered batch (``BatchSpec(..., masks={"full": ..., "sliding": ...}, layers={...})``) into a
+``dcp.LayeredPlan``: one placement, one plan per layer kind (``dcp.attention(..., kind="sliding")``).
 
 One folder per pipeline stage, each standing only on those before it: the inputs (``spec``, ``cluster``,
 ``config``, ``masks``, ``data``) → ``layout`` (blocks, tiles) → ``planner`` (placement; ``partition`` its
@@ -14,8 +16,9 @@ hypergraph backend) → ``schedule`` (stages, rounds, programs) → ``ir`` (the 
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
-                        InvalidMaskError, MemoryBudgetError, PartitionerError, PlanMismatchError, PlanValidationError,
+                        InvalidMaskError, InvalidPlanError, MemoryBudgetError, PartitionerError, PlanMismatchError, PlanValidationError,
                         SerializationError, TooFewBlocksError)
+from dcp.ir.layered import LayeredPlan
 from dcp.ir.plan import Plan
 from dcp.ir.validate import validate
 from dcp.partition import GreedyPartitioner, KaHyParPartitioner, MtKaHyParPartitioner
@@ -57,8 +60,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'dcp' has no attribute {name!r}")
 
 
-__all__ = ["BatchSpec", "Cluster", "PlannerConfig", "SearchConfig", "Plan", "Planner", "DCPPlanner", "plan", "validate",
+__all__ = ["BatchSpec", "Cluster", "PlannerConfig", "SearchConfig", "Plan", "LayeredPlan", "Planner", "DCPPlanner", "plan", "validate",
            "GreedyPartitioner", "KaHyParPartitioner", "MtKaHyParPartitioner", "DcpError", "ExecutionError",
            "InvalidBatchError", "InvalidClusterError", "InvalidConfigError", "InvalidMaskError",
-           "MemoryBudgetError", "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
+           "InvalidPlanError", "MemoryBudgetError", "PartitionerError", "PlanMismatchError", "PlanValidationError", "SerializationError", "TooFewBlocksError",
            *_LAZY]

@@ -33,6 +33,10 @@ class PlanValidationError(DcpError, AssertionError):
     """A plan broke one of its invariants (coverage, matching transfers, merges, deadlock freedom)."""
 
 
+class InvalidPlanError(DcpError, ValueError):
+    """A plan asked for what it does not hold (a layer kind it lacks) or assembled from parts that disagree."""
+
+
 class SerializationError(DcpError, ValueError):
     """Plan bytes are corrupt, truncated or of an unsupported format version."""
 

@@ -1,8 +1,9 @@
-"""The batch description: sequence lengths, one mask per sequence, attention head geometry."""
+"""The batch description: sequence lengths, one mask per sequence (or one per sequence and *layer kind*),
+attention head geometry."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -31,6 +32,15 @@ class BatchSpec:
         head_dim: ``D``, the size of one head.
         dtype: element type of q/k/v/o: "bfloat16" (default), "float16", "float32" or "float64"
             (a ``torch.dtype`` is accepted too).
+        layers: for a model whose layers differ: ``masks`` is then a dict from *layer kind* name to that
+            kind's mask(s) (one, or one per sequence), e.g. ``{"full": "causal", "sliding":
+            SlidingWindowMask(128)}``, and ``layers`` how many layers of each kind the model has (a dict
+            with the same names; omitted: one layer each). dcp's planner then places the tokens once and
+            emits one program per kind (``dcp.ir.layered.LayeredPlan``).
+
+    A layered batch's ``masks`` are its first kind's; ``kinds``, ``kind_masks`` and ``layers`` list every
+    kind in the order given (empty for a batch of one kind), and ``for_kind(name)`` is the one-kind batch
+    of a kind.
 
     Tokens are packed without padding: sequence ``i`` occupies rows
     ``cu_seqlens[i]:cu_seqlens[i+1]`` of a ``[total_tokens, heads, head_dim]`` tensor.
@@ -42,22 +52,17 @@ class BatchSpec:
     num_kv_heads: int
     head_dim: int
     dtype: str = "bfloat16"
+    kinds: tuple[str, ...] = ()
+    kind_masks: tuple[tuple[Mask, ...], ...] = ()
+    layers: tuple[int, ...] = ()
     _ranges_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
-    def __init__(self, seqlens: Sequence[int], masks: Mask | Sequence[Mask], num_heads: int,
-                 num_kv_heads: int | None = None, head_dim: int = 128, dtype="bfloat16"):
+    def __init__(self, seqlens: Sequence[int], masks: Mask | Sequence[Mask] | Mapping[str, Mask | Sequence[Mask]],
+                 num_heads: int, num_kv_heads: int | None = None, head_dim: int = 128, dtype="bfloat16", *,
+                 layers: Mapping[str, int] | None = None):
         lens = _lengths(seqlens)
-        if isinstance(masks, (Mask, str)):
-            mask_tuple = (_mask(masks, 0),) * lens.size
-        else:
-            try:
-                mask_tuple = tuple(_mask(m, i) for i, m in enumerate(masks))
-            except TypeError:
-                raise InvalidBatchError(f"masks must be a dcp.masks.Mask (or a mask name), or one per sequence; got "
-                                        f"{type(masks).__name__}") from None
-            if len(mask_tuple) != lens.size:
-                raise InvalidBatchError(
-                    f"got {len(mask_tuple)} masks for {lens.size} sequences; give one mask or one per sequence")
+        kinds, kind_masks, layer_counts = _layer_kinds(masks, layers, lens)
+        mask_tuple = kind_masks[0] if kinds else _mask_tuple(masks, lens)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         for name, v in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
@@ -65,14 +70,34 @@ class BatchSpec:
         if num_heads % num_kv_heads:
             raise InvalidBatchError(
                 f"num_heads={num_heads} is not divisible by num_kv_heads={num_kv_heads} (GQA needs it)")
-        _check_lengths(mask_tuple, lens)
+        for ms in kind_masks or (mask_tuple,):
+            _check_lengths(ms, lens)
         object.__setattr__(self, "seqlens", tuple(int(x) for x in lens))
         object.__setattr__(self, "masks", mask_tuple)
+        object.__setattr__(self, "kinds", kinds)
+        object.__setattr__(self, "kind_masks", kind_masks)
+        object.__setattr__(self, "layers", layer_counts)
         object.__setattr__(self, "num_heads", int(num_heads))
         object.__setattr__(self, "num_kv_heads", int(num_kv_heads))
         object.__setattr__(self, "head_dim", int(head_dim))
         object.__setattr__(self, "dtype", _dtype_name(dtype))
         object.__setattr__(self, "_ranges_cache", {})
+
+    @property
+    def layered(self) -> bool:
+        """Whether the batch names layer kinds (``masks`` given as a dict)."""
+        return bool(self.kinds)
+
+    def for_kind(self, kind: str) -> "BatchSpec":
+        """The one-kind batch of layer kind ``kind`` (same lengths and heads; that kind's masks); cached."""
+        if kind not in self.kinds:
+            raise InvalidBatchError(f"no layer kind {kind!r} in this batch (kinds: {list(self.kinds)})")
+        key = ("kind", kind)
+        got = self._ranges_cache.get(key)
+        if got is None:
+            got = self._ranges_cache[key] = BatchSpec(self.seqlens, self.kind_masks[self.kinds.index(kind)],
+                                                      self.num_heads, self.num_kv_heads, self.head_dim, self.dtype)
+        return got
 
     @property
     def num_seqs(self) -> int:
@@ -119,25 +144,84 @@ class BatchSpec:
     def describe(self) -> dict:
         """JSON-able description; ``BatchSpec.from_description`` inverts it."""
         uniq: list[dict] = []
-        index: list[int] = []
         seen: dict = {}
-        for m in self.masks:
-            k = id(m) if not _hashable(m) else m
-            if k not in seen:
-                seen[k] = len(uniq)
-                uniq.append(m.describe())
-            index.append(seen[k])
-        return {"seqlens": list(self.seqlens), "masks": uniq, "mask_index": index,
-                "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads,
-                "head_dim": self.head_dim, "dtype": self.dtype}
+
+        def indices(masks) -> list[int]:
+            index = []
+            for m in masks:
+                k = id(m) if not _hashable(m) else m
+                if k not in seen:
+                    seen[k] = len(uniq)
+                    uniq.append(m.describe())
+                index.append(seen[k])
+            return index
+
+        d = {"seqlens": list(self.seqlens), "masks": uniq, "mask_index": indices(self.masks),
+             "num_heads": self.num_heads, "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+             "dtype": self.dtype}
+        if self.kinds:
+            d["kinds"] = [{"name": k, "mask_index": indices(ms), "layers": n}
+                          for k, ms, n in zip(self.kinds, self.kind_masks, self.layers)]
+        return d
 
     @staticmethod
     def from_description(d: dict) -> "BatchSpec":
         from dcp.masks import from_description
 
         uniq = [from_description(m) for m in d["masks"]]
+        if d.get("kinds"):
+            return BatchSpec(d["seqlens"], {k["name"]: [uniq[i] for i in k["mask_index"]] for k in d["kinds"]},
+                             d["num_heads"], d["num_kv_heads"], d["head_dim"], d["dtype"],
+                             layers={k["name"]: k["layers"] for k in d["kinds"]})
         return BatchSpec(d["seqlens"], [uniq[i] for i in d["mask_index"]], d["num_heads"],
                          d["num_kv_heads"], d["head_dim"], d["dtype"])
+
+
+def _mask_tuple(masks, lens: np.ndarray) -> tuple[Mask, ...]:
+    """One mask per sequence from one mask (or name) or one per sequence."""
+    if isinstance(masks, (Mask, str)):
+        return (_mask(masks, 0),) * lens.size
+    try:
+        mask_tuple = tuple(_mask(m, i) for i, m in enumerate(masks))
+    except TypeError:
+        raise InvalidBatchError(f"masks must be a dcp.masks.Mask (or a mask name), or one per sequence; got "
+                                f"{type(masks).__name__}") from None
+    if len(mask_tuple) != lens.size:
+        raise InvalidBatchError(
+            f"got {len(mask_tuple)} masks for {lens.size} sequences; give one mask or one per sequence")
+    return mask_tuple
+
+
+def _layer_kinds(masks, layers, lens: np.ndarray) -> tuple[tuple, tuple, tuple]:
+    """(kind names, their mask tuples, their layer counts) of a ``masks`` dict; all empty otherwise."""
+    if not isinstance(masks, Mapping):
+        if layers is not None:
+            raise InvalidBatchError("layers= counts the layers of each layer kind: give masks as a dict from kind "
+                                    "name to mask, e.g. masks={'full': 'causal', 'sliding': SlidingWindowMask(128)}")
+        return (), (), ()
+    if not masks:
+        raise InvalidBatchError("masks is an empty dict: give at least one layer kind")
+    names = tuple(masks)
+    bad = [k for k in names if not isinstance(k, str) or not k]
+    if bad:
+        raise InvalidBatchError(f"layer kind names must be non-empty strings, got {bad[0]!r}")
+    layers = {k: 1 for k in names} if layers is None else dict(layers)
+    if set(layers) != set(names):
+        raise InvalidBatchError(f"layers names kinds {sorted(layers)}, masks names {sorted(names)}: give a layer "
+                                "count for every kind and no other")
+    counts = []
+    for k in names:
+        n = layers[k]
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
+            raise InvalidBatchError(f"layers[{k!r}] must be a positive int, got {n!r}")
+        counts.append(int(n))
+    kind_masks = []
+    for k in names:
+        try:
+            kind_masks.append(_mask_tuple(masks[k], lens))
+        except InvalidBatchError as err:
+            raise InvalidBatchError(f"layer kind {k!r}: {err}") from None
+    return names, tuple(kind_masks), tuple(counts)
 
 
 def _lengths(seqlens) -> np.ndarray:

@@ -14,6 +14,7 @@ import functools
 import json
 import time
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,9 +55,20 @@ class DCPPlanner(Planner):
     name = "dcp"
 
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
+        """A validated ``Plan``; for a layered batch (``spec.kinds``) a ``dcp.ir.layered.LayeredPlan``: one
+        placement searched for every kind's layers together (``dcp.planner.layered``)."""
         started = time.perf_counter()
-        check_inputs(spec, cluster)
+        check_inputs(spec, cluster, layered=True)
         check_config(self.config)
+        if spec.layered:
+            from dcp.planner.layered import plan_layered
+
+            return plan_layered(self, spec, cluster, started)
+        search = self.search(spec, cluster)
+        return self.assemble(spec, cluster, search.best, search, started)
+
+    def search(self, spec: BatchSpec, cluster: Cluster) -> "Search":
+        """The candidates of a one-kind batch and the one chosen (``Search``), before programs are built."""
         cfg = self.config
         layout = uniform_layout(spec, cfg.block_size, cfg.hypergraph_head_block_size(spec.num_heads, spec.num_kv_heads))
         if layout.n_token_blocks < cluster.n_devices and not cfg.allow_idle_devices:
@@ -90,15 +102,21 @@ class DCPPlanner(Planner):
             best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
-        report_budget(memory_notes, budget)
+        return Search(best, cands, tuple(notes), tuple(memory_notes), tuple(warm_names), tuple(skipped), budget)
+
+    def assemble(self, spec: BatchSpec, cluster: Cluster, best: Candidate, search: "Search", started: float,
+                 memory_notes: tuple[str, ...] | None = None) -> Plan:
+        """The chosen candidate as a validated ``Plan``, with the search's notes and metadata."""
+        memory_notes = search.memory_notes if memory_notes is None else memory_notes
+        report_budget(list(memory_notes), search.budget)
         plan = assemble(spec, cluster, best.layout, best.tiles, best.home, best.tile_device,
                         best.forward.tile_stage, best.forward.routes, self.name, started,
-                        tuple(notes) + best.notes + tuple(memory_notes), backward=best.backward)
-        plan.meta.update(search_warm_starts=",".join(warm_names), search_skipped="; ".join(skipped),
-                         token_budget=round(budget.tokens, 3))
-        plan.meta.update(search_objective=cfg.search.objective, search_chosen=best.label,
+                        search.notes + best.notes + tuple(memory_notes), backward=best.backward)
+        plan.meta.update(search_warm_starts=",".join(search.warm_names), search_skipped="; ".join(search.skipped),
+                         token_budget=round(search.budget.tokens, 3))
+        plan.meta.update(search_objective=self.config.search.objective, search_chosen=best.label,
                          est_forward_ms=round(best.forward_s * 1e3, 5), est_backward_ms=round(best.backward_s * 1e3, 5),
-                         search_candidates=json.dumps({c.label: c.summary() for c in cands}, sort_keys=True))
+                         search_candidates=json.dumps({c.label: c.summary() for c in search.cands}, sort_keys=True))
         return plan
 
     def _hypergraph_blocks(self, spec: BatchSpec, layout: BlockLayout, tiles: TileSet) -> tuple[BlockLayout, TileSet]:
@@ -288,6 +306,19 @@ class DCPPlanner(Planner):
             warnings.warn(note, RuntimeWarning, stacklevel=3)
         return evaluate("hypergraph", spec, cluster, layout, tiles, placed.home, placed.tile_device, cfg.cost_model,
                         self._stage_counts(), cfg.two_phase, placed.fallbacks)
+
+
+class Search(NamedTuple):
+    """What ``DCPPlanner.search`` found: the chosen candidate, every candidate scored, the notes (search,
+    memory), the warm starts that entered, what was skipped and the memory budget."""
+
+    best: Candidate
+    cands: list
+    notes: tuple[str, ...]
+    memory_notes: tuple[str, ...]
+    warm_names: tuple[str, ...]
+    skipped: tuple[str, ...]
+    budget: MemoryBudget
 
 
 #: candidates with more tiles than this are not rescheduled at other stage counts (``DCPPlanner._widen``)

@@ -18,7 +18,7 @@ from dcp.config import PlannerConfig
 from dcp.errors import DcpError
 from dcp.ir.plan import Plan
 from dcp.planner.dcp_planner import DCPPlanner
-from dcp.schedule.assemble import Planner
+from dcp.schedule.assemble import Planner, check_inputs
 from dcp.spec import BatchSpec
 
 
@@ -45,6 +45,7 @@ class AutoPlanner(Planner):
     def plan(self, spec: BatchSpec, cluster: Cluster) -> Plan:
         from dcp.sim import simulate_both
 
+        check_inputs(spec, cluster)  # one layer kind: the candidates are compared by one plan's simulated time
         started = time.perf_counter()
         scored = []
         for label, planner in self.candidates():

@@ -105,9 +105,14 @@ def assemble_static(spec: BatchSpec, cluster: Cluster, parts: StaticParts, plann
                     parts.routes, planner, started, parts.notes)
 
 
-def check_inputs(spec: BatchSpec, cluster: Cluster) -> None:
-    """Named errors for a planner called with something other than a batch and a cluster."""
+def check_inputs(spec: BatchSpec, cluster: Cluster, layered: bool = False) -> None:
+    """Named errors for a planner called with something other than a batch and a cluster (``layered``: the
+    planner takes a batch with layer kinds; the static planners plan one kind at a time)."""
     if not isinstance(spec, BatchSpec):
         raise InvalidBatchError(f"expected a dcp.BatchSpec, got {type(spec).__name__}")
+    if spec.layered and not layered:
+        raise InvalidBatchError(f"this planner plans one layer kind at a time; the batch has kinds "
+                                f"{list(spec.kinds)}: plan spec.for_kind(name) per kind, or use dcp's planner, "
+                                "which places the tokens once for every kind (a dcp.LayeredPlan)")
     if not isinstance(cluster, Cluster):
         raise InvalidClusterError(f"expected a dcp.Cluster, got {type(cluster).__name__}")

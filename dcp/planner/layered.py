@@ -1,0 +1,147 @@
+"""dcp's planner for a model whose layers differ (``BatchSpec(..., masks={kind: ...}, layers={kind: n})``).
+
+The tokens' homes are shared by every layer (activations live there); what a layer computes and moves
+follows its kind's masks. So the search is over placements, scored by the step's attention time
+Σ_kind layers × (forward + backward) of that kind's program on the placement, plus the non-attention work
+of the device with the most tokens once per layer (``SearchConfig.token_time_s``):
+
+1. the ordinary search (``DCPPlanner.search``) runs for the *heaviest* kind (layers × attended pairs):
+   its packings, hypergraph partition and warm starts are the candidate placements;
+2. packings that balance every sequence's layer-weighted time over all kinds join them (a placement
+   balanced for the full layers leaves the windowed layers' work, which follows the tokens, uneven);
+3. each of the ``LAYERED_POOL`` best candidates within the memory budget (by the heaviest kind's step
+   time), every joint packing, and the candidate holding the fewest tokens on its busiest device, is
+   scheduled for every other kind on the same homes (a tile runs on its q block's home) and scored; the
+   fastest whose every kind keeps transient buffers within the budget wins.
+
+Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import numpy as np
+
+from dcp.cluster import Cluster
+from dcp.ir.layered import LayeredPlan
+from dcp.layout.blocks import uniform_layout
+from dcp.layout.tiles import enumerate_tiles
+from dcp.planner.budget import pick, within_tokens
+from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times
+from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
+from dcp.spec import BatchSpec
+
+#: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind
+LAYERED_POOL = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """A placement's candidate per kind (``spec.kinds`` order) and its layer-weighted step time (s)."""
+
+    per_kind: tuple[Candidate, ...]
+    step_s: float
+
+
+def heaviest_kind(spec: BatchSpec) -> str:
+    """The kind with the most attention work over the model: layers × attended (q, kv) pairs."""
+    work = [n * float(sequence_areas(spec.for_kind(k)).sum()) for k, n in zip(spec.kinds, spec.layers)]
+    return spec.kinds[int(np.argmax(work))]
+
+
+def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> LayeredPlan:
+    """``DCPPlanner.plan`` of a layered batch: one placement, one validated plan per kind."""
+    cfg = planner.config
+    lead = heaviest_kind(spec)
+    lead_spec = spec.for_kind(lead)
+    search = planner.search(lead_spec, cluster)
+    specs = {k: spec.for_kind(k) for k in spec.kinds}
+    pool = _pool(search, cfg, planner, specs, spec, cluster, lead)
+    scored = [_score(c, lead, specs, spec, cluster, planner) for c in pool]
+    scored.sort(key=lambda s: s.step_s)
+    chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg)
+    plans = []
+    for k, cand in zip(spec.kinds, chosen.per_kind):
+        own = search if k == lead else search._replace(cands=[s.per_kind[spec.kinds.index(k)] for s in scored],
+                                                       notes=(), warm_names=(), skipped=())
+        plans.append(planner.assemble(specs[k], cluster, cand, own, started, memory_notes))
+    elapsed = time.perf_counter() - started
+    plans = tuple(dataclasses.replace(p, planning_time_s=elapsed, meta=p.meta) for p in plans)
+    meta = {"layered_lead_kind": lead, "layered_chosen": chosen.per_kind[0].label,
+            "est_step_ms": round(chosen.step_s * 1e3, 5),
+            "layered_candidates": json.dumps({s.per_kind[0].label: round(s.step_s * 1e3, 4) for s in scored},
+                                             sort_keys=True)}
+    return LayeredPlan(spec, plans, planner.name, elapsed, meta)
+
+
+def _pool(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, lead: str) -> list[Candidate]:
+    """The placements scored for every kind (module docstring, steps 1-3)."""
+    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    fits, _ = within_tokens(search.cands, search.budget)
+    ranked = sorted(fits, key=lambda c: c.step_s(token_s))
+    pool = ranked[:LAYERED_POOL]
+    if search.best not in pool:
+        pool.insert(0, search.best)
+    fewest = min(fits, key=lambda c: (c.max_tokens, c.step_s(token_s)))
+    if fewest not in pool:
+        pool.append(fewest)
+    lead_spec = specs[lead]
+    total_layers = sum(spec.layers)
+    # each sequence's attention time per layer, averaged over the layers (and its tokens' own work)
+    weights = token_s * np.asarray(spec.seqlens, dtype=float)
+    for k, n in zip(spec.kinds, spec.layers):
+        layout = uniform_layout(specs[k], cfg.block_size, cfg.head_block_size)
+        tiles = enumerate_tiles(specs[k], layout)
+        weights += n / total_layers * sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
+    budget_eps = cfg.budget_ratio(spec.total_tokens, cluster.n_devices) - 1
+    profiles = SequenceProfiles(lead_spec)
+    for eps in cfg.search.pack_epsilons[:3]:
+        pk = pack(lead_spec, cluster, cfg.block_size, cfg.head_block_size, eps, budget_eps, weights,
+                  cfg.cost_model.profile.half_rows, None, overfill_whole=token_s == 0, profiles=profiles)
+        if any(same_placement(c, pk.layout, pk.home) for c in pool):
+            continue
+        cand = evaluate(f"pack(eps={eps:g},layers)", lead_spec, cluster, pk.layout, pk.tiles, pk.home,
+                        pk.tile_device, cfg.cost_model, planner._stage_counts(), cfg.two_phase)
+        if cand.max_tokens <= search.budget.tokens * (1 + 1e-9):
+            pool.append(cand)
+    return pool
+
+
+def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cluster, planner) -> Scored:
+    """``cand`` (a placement for the lead kind) scheduled for every kind, and its layer-weighted step time."""
+    cfg = planner.config
+    per_kind = []
+    for k in spec.kinds:
+        if k == lead:
+            per_kind.append(cand)
+            continue
+        tiles = enumerate_tiles(specs[k], cand.layout)
+        home = np.asarray(cand.home, dtype=np.int64)
+        per_kind.append(evaluate(cand.label, specs[k], cluster, cand.layout, tiles, home, home[tiles.q_tb],
+                                 cfg.cost_model, cfg.search.stage_counts if len(cfg.search.stage_counts) <= 2
+                                 else planner._stage_counts(), cfg.two_phase, cand.notes))
+    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    if cfg.search.objective == "bytes":
+        step = sum(n * c.comm_bytes for n, c in zip(spec.layers, per_kind))
+    else:
+        step = sum(n * c.time_s for n, c in zip(spec.layers, per_kind)) + sum(spec.layers) * token_s * cand.max_tokens
+    return Scored(tuple(per_kind), float(step))
+
+
+def _within_transient(scored: list[Scored], budget, specs: dict, spec: BatchSpec, cluster: Cluster,
+                      cfg) -> tuple[Scored, tuple[str, ...]]:
+    """The fastest scored placement whose every kind keeps transient buffers within the budget (else the
+    fastest, with the notes saying where it is over)."""
+    first_notes: tuple[str, ...] | None = None
+    for s in scored:
+        notes: list[str] = []
+        for k, cand in zip(spec.kinds, s.per_kind):
+            _, more = pick([cand], budget, specs[k], cluster, cfg.cost_model, 0)
+            notes += [f"layer kind {k!r}: {n}" for n in more]
+        if not notes:
+            return s, ()
+        if first_notes is None:
+            first_notes = tuple(notes)
+    return scored[0], first_notes or ()
