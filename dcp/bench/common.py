@@ -293,3 +293,13 @@ def options_from_args(args) -> DcpOptions:
     return DcpOptions(partitioner=args.partitioner, epsilon_inter=args.epsilon_inter,
                       epsilon_intra=args.epsilon_intra, objective=args.objective, block_size=args.block_size,
                       epsilon_memory=args.epsilon_memory)
+
+
+def e2e_cost_model(profile: str, gpus_per_node: int, physical_gpus_per_node: int):
+    """The profile with its NIC scaled so that one simulated device gets 1/physical_gpus_per_node of it."""
+    from dcp.cost import CostModel
+
+    cm = CostModel.named(profile)
+    p = cm.profile
+    scaled = dataclasses.replace(p, nic_gbps_per_node=p.nic_gbps_per_node * gpus_per_node / physical_gpus_per_node)
+    return CostModel(scaled)

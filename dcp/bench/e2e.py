@@ -48,8 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, fmt_table, git_revision,
-                              machine, options_from_args, parse_list, plan_quietly, progress, write_csv)
+from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, e2e_cost_model,
+                              fmt_table, git_revision, machine, options_from_args, parse_list, plan_quietly, progress,
+                              write_csv)
 from dcp.cluster import Cluster
 
 DATASETS = ("longalign", "ldc")
@@ -122,16 +123,6 @@ def greedy_groups(lens, n_groups: int) -> list[list[int]]:
         groups[g].append(L)
         load[g] += L
     return groups
-
-
-def e2e_cost_model(profile: str, gpus_per_node: int, physical_gpus_per_node: int):
-    """The profile with its NIC scaled so that one simulated device gets 1/physical_gpus_per_node of it."""
-    from dcp.cost import CostModel
-
-    cm = CostModel.named(profile)
-    p = cm.profile
-    scaled = dataclasses.replace(p, nic_gbps_per_node=p.nic_gbps_per_node * gpus_per_node / physical_gpus_per_node)
-    return CostModel(scaled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +281,9 @@ HEADLINE = ["dataset", "max_len", "mask", "num_seqs", "megatron_best_cp", "block
 def add_parser(sub) -> None:
     p = sub.add_parser("e2e", help="GPT-8B end-to-end iteration time, dcp vs Megatron static CP (simulated)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=("gpt-8b", "gpt-oss"), default="gpt-8b",
+                   help="gpt-8b (default): the DCP paper's model; gpt-oss: a gpt-oss-like model whose layers alternate "
+                        "128-token sliding-window and full attention (dcp.bench.e2e_layers; --masks is ignored)")
     p.add_argument("--quick", action="store_true", help="max lengths 16K,32K; mask lambda (1-2 minutes on 2 cores)")
     p.add_argument("--datasets", default=",".join(DATASETS))
     p.add_argument("--max-lens", default=",".join(str(x) for x in MAX_LENS),
@@ -322,6 +316,8 @@ def write_results(rows: list[dict], out_dir, profile: str, tag: str = "") -> Pat
 
 
 def cmd_e2e(args) -> int:
+    if args.model == "gpt-oss":
+        return _cmd_e2e_layers(args)
     cfg = config_from_args(args)
     started = time.perf_counter()
     rows = run_e2e(cfg)
@@ -330,4 +326,22 @@ def cmd_e2e(args) -> int:
     print(f"\nSIMULATED ({cfg.profile} profile, MFU {cfg.mfu}): GPT-8B iteration, dcp vs best Megatron static CP")
     print(fmt_table([r for r in rows if r["planner"] == "dcp"], HEADLINE))
     print(f"\ne2e grid: {time.perf_counter() - started:.0f} s on {machine()}")
+    return 0
+
+
+def _cmd_e2e_layers(args) -> int:
+    from dcp.bench import e2e_layers
+
+    cfg = e2e_layers.E2ELayersConfig(
+        datasets=parse_list(args.datasets), max_lens=(16384, 32768) if args.quick else parse_list(args.max_lens, int),
+        profile=args.profile, mfu=args.mfu, seed=args.seed, dcp=options_from_args(args), tuned=not args.no_tuned,
+        tune_top=args.tune_top)
+    started = time.perf_counter()
+    rows = e2e_layers.run_e2e_layers(cfg)
+    tag = args.tag if args.tag is not None else ("_quick" if args.quick else "")
+    print(f"wrote {e2e_layers.write_results(rows, args.out_dir, cfg.profile, tag)}")
+    print(f"\nSIMULATED ({cfg.profile} profile, MFU {cfg.mfu}): gpt-oss-like iteration, dcp with layer kinds vs dcp "
+          "planned for the full mask only and vs the best tuned baseline")
+    print(fmt_table([r for r in rows if r["planner"] == "dcp"], e2e_layers.HEADLINE))
+    print(f"\ne2e gpt-oss grid: {time.perf_counter() - started:.0f} s on {machine()}")
     return 0

@@ -1,8 +1,10 @@
 """Executors: run a plan's per-device programs, forward and backward.
 
 - ``ReferenceExecutor``: all devices in one process (in-memory transfers), for testing and debugging;
-- ``attention(q_local, k_local, v_local, plan, group=None)``: differentiable distributed attention over
-  ``torch.distributed`` (gloo on CPU, NCCL on GPU), one process per device (``DistributedExecutor``);
+- ``attention(q_local, k_local, v_local, plan, group=None, *, kind=None, sinks=None)``: differentiable
+  distributed attention over ``torch.distributed`` (gloo on CPU, NCCL on GPU), one process per device
+  (``DistributedExecutor``); ``plan`` a ``Plan`` or a ``LayeredPlan`` with the layer's ``kind``; ``sinks [Hq]``
+  attention-sink logits, applied to the final (o, lse) at home (``dcp.execute.autograd``);
 - ``dispatch``/``undispatch``: scatter a packed batch to the devices' local layouts and gather it back;
 - ``reference_attention``: dense masked attention of the whole packed batch (the ground truth).
 

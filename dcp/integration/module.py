@@ -7,6 +7,14 @@ Every other layer of the model runs unchanged on each rank's home tokens (rows
     o = attn(q, k, v, batch.plan)                 # q [n_local, Hq, D], k/v [n_local, Hkv, D] -> [n_local, Hq, D]
     ...; loss.backward(); sum_gradients(model)    # replicated parameters: sum the ranks' gradients
 
+Layer kinds: with a ``LayeredPlan`` (a batch whose layers differ, e.g. full and sliding-window attention),
+each layer says which kind it is, ``attn(q, k, v, plan, kind="sliding")`` (``dcp.ir.layered.select_kind``:
+``InvalidPlanError`` for a missing or unknown kind, or a kind given with a one-kind ``Plan``).
+
+Attention sinks (gpt-oss style): ``attn(q, k, v, plan, sinks=sinks)`` with learned per-head logits
+``sinks [Hq]`` (a virtual key of zero value in every row's softmax; ``dcp.execute.autograd``). Its gradient
+on each rank covers that rank's rows: ``sum_gradients`` (or any all-reduce sum) completes it.
+
 Modes:
 - "distributed": ``dcp.execute.attention`` over the process group (one rank per plan device);
 - "single_process": one process runs the plan without ``torch.distributed``. A one-device plan runs
@@ -25,27 +33,34 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.errors import ExecutionError, InvalidConfigError
+from dcp.execute.autograd import apply_sinks, check_sinks, sink_gradients
+from dcp.ir.layered import LayeredPlan, select_kind
 from dcp.ir.plan import Plan
 
 MODES = ("auto", "distributed", "single_process")
 
 
 class _ReferenceAttention(torch.autograd.Function):
-    """All devices of a plan in this process: ``o [T, Hq, D]`` from the packed ``q``, ``k``, ``v``."""
+    """All devices of a plan in this process: ``o [T, Hq, D]`` from the packed ``q``, ``k``, ``v`` (and the
+    optional ``sinks [Hq]``, applied to the final ``(o, lse)`` as ``dcp.execute.attention`` does)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan, executor):
+    def forward(ctx, q, k, v, plan, executor, sinks=None):
         o, lse = executor.run_forward(plan, q.detach(), k.detach(), v.detach())
-        ctx.plan, ctx.executor = plan, executor
-        ctx.save_for_backward(q, k, v, o, lse)
+        if sinks is not None:
+            o, lse = apply_sinks(o, lse, sinks)
+        ctx.plan, ctx.executor, ctx.has_sinks = plan, executor, sinks is not None
+        ctx.save_for_backward(q, k, v, o, lse, *(() if sinks is None else (sinks,)))
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = ctx.executor.run_backward(ctx.plan, q.detach(), k.detach(), v.detach(), o, lse,
-                                               do.contiguous())
-        return dq, dk, dv, None, None
+        q, k, v, o, lse, *rest = ctx.saved_tensors
+        do = do.contiguous()
+        # the sinked (o, lse): the executor's backward is then exact for q, k, v
+        dq, dk, dv = ctx.executor.run_backward(ctx.plan, q.detach(), k.detach(), v.detach(), o, lse, do)
+        dsinks = sink_gradients(o, lse, do, rest[0]) if ctx.has_sinks and ctx.needs_input_grad[5] else None
+        return dq, dk, dv, None, None, dsinks
 
 
 class DCPAttention(nn.Module):
@@ -77,9 +92,9 @@ class DCPAttention(nn.Module):
             return "distributed"
         return "single_process"
 
-    def _check(self, q, k, v, plan: Plan) -> None:
-        if not isinstance(plan, Plan):
-            raise ExecutionError(f"DCPAttention needs a dcp.Plan, got {type(plan).__name__}")
+    def _check(self, q, k, v, plan: Plan | LayeredPlan, sinks=None) -> None:
+        if not isinstance(plan, (Plan, LayeredPlan)):
+            raise ExecutionError(f"DCPAttention needs a dcp.Plan or dcp.LayeredPlan, got {type(plan).__name__}")
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
             raise ExecutionError(f"DCPAttention: q, k, v must be [tokens, heads, head_dim], got {list(q.shape)}, "
                                  f"{list(k.shape)}, {list(v.shape)}")
@@ -87,17 +102,25 @@ class DCPAttention(nn.Module):
         if (q.shape[1], k.shape[1], q.shape[2]) != (spec.num_heads, spec.num_kv_heads, spec.head_dim):
             raise ExecutionError(f"DCPAttention: tensors have {q.shape[1]}/{k.shape[1]} heads of size {q.shape[2]}, "
                                  f"the plan's batch {spec.num_heads}/{spec.num_kv_heads} of size {spec.head_dim}")
+        check_sinks(sinks, spec.num_heads, q.device)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan) -> torch.Tensor:
-        """``o [n, Hq, D]`` from ``q [n, Hq, D]``, ``k``/``v`` ``[n, Hkv, D]`` (n: this rank's home tokens)."""
-        self._check(q, k, v, plan)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Plan | LayeredPlan, *,
+                kind: str | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """``o [n, Hq, D]`` from ``q [n, Hq, D]``, ``k``/``v`` ``[n, Hkv, D]`` (n: this rank's home tokens).
+
+        ``plan``: a ``Plan``, or a ``LayeredPlan`` and the layer's ``kind``; ``sinks [Hq]``: attention-sink
+        logits (differentiable; each rank's gradient covers its rows, see the module docstring)."""
+        self._check(q, k, v, plan, sinks)
+        plan = select_kind(plan, kind)
         mode = self.resolved_mode()
         if mode == "single_process" and plan.n_devices > 1:
             if self._reference is None or self._reference.scale != self.scale:
                 from dcp.execute import ReferenceExecutor
 
                 self._reference = ReferenceExecutor(kernels=self.kernels, validate=self.validate, scale=self.scale)
-            return _ReferenceAttention.apply(q, k, v, plan, self._reference)
+            if sinks is None:
+                return _ReferenceAttention.apply(q, k, v, plan, self._reference)
+            return _ReferenceAttention.apply(q, k, v, plan, self._reference, sinks)
         from dcp.execute import attention
 
         group = self.group if mode == "distributed" else None
@@ -105,8 +128,8 @@ class DCPAttention(nn.Module):
                 and dist.get_world_size(group) > 1:
             raise ExecutionError("DCPAttention(mode='single_process') with a one-device plan inside a process "
                                  "group of several ranks: use mode='distributed' and a plan for every rank")
-        return attention(q, k, v, plan, group, kernels=self.kernels, validate=self.validate, timeout=self.timeout,
-                         scale=self.scale)
+        return attention(q, k, v, plan, group, sinks=sinks, kernels=self.kernels, validate=self.validate,
+                         timeout=self.timeout, scale=self.scale)
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}"

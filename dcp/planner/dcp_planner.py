@@ -102,7 +102,7 @@ class DCPPlanner(Planner):
             best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
-        return Search(best, cands, tuple(notes), tuple(memory_notes), tuple(warm_names), tuple(skipped), budget)
+        return Search(best, cands, tuple(notes), tuple(memory_notes), tuple(warm_names), tuple(skipped), budget, memo)
 
     def assemble(self, spec: BatchSpec, cluster: Cluster, best: Candidate, search: "Search", started: float,
                  memory_notes: tuple[str, ...] | None = None) -> Plan:
@@ -310,7 +310,8 @@ class DCPPlanner(Planner):
 
 class Search(NamedTuple):
     """What ``DCPPlanner.search`` found: the chosen candidate, every candidate scored, the notes (search,
-    memory), the warm starts that entered, what was skipped and the memory budget."""
+    memory), the warm starts that entered, what was skipped, the memory budget and the final choice's
+    per-candidate results (``dcp.planner.budget.pick``'s memo: transient peaks, simulated step times)."""
 
     best: Candidate
     cands: list
@@ -319,6 +320,7 @@ class Search(NamedTuple):
     warm_names: tuple[str, ...]
     skipped: tuple[str, ...]
     budget: MemoryBudget
+    memo: dict
 
 
 #: candidates with more tiles than this are not rescheduled at other stage counts (``DCPPlanner._widen``)

@@ -7,12 +7,14 @@ of the device with the most tokens once per layer (``SearchConfig.token_time_s``
 
 1. the ordinary search (``DCPPlanner.search``) runs for the *heaviest* kind (layers × attended pairs):
    its packings, hypergraph partition and warm starts are the candidate placements;
-2. packings that balance every sequence's layer-weighted time over all kinds join them (a placement
-   balanced for the full layers leaves the windowed layers' work, which follows the tokens, uneven);
+2. when the other kinds take at least ``JOINT_SHARE`` of the lead's own choice's step time, packings
+   that balance every sequence's layer-weighted time over all kinds join them (a placement balanced for
+   the full layers leaves the windowed layers' work, which follows the tokens, uneven);
 3. each of the ``LAYERED_POOL`` best candidates within the memory budget (by the heaviest kind's step
    time), every joint packing, and the candidate holding the fewest tokens on its busiest device, is
-   scheduled for every other kind on the same homes (a tile runs on its q block's home) and scored; the
-   fastest whose every kind keeps transient buffers within the budget wins.
+   scheduled for every other kind on the same homes (a tile runs on its q block's home, every stage count
+   of the search) and scored by the estimate; of those whose every kind keeps transient buffers within
+   the budget, the few estimated fastest are simulated (every kind) and the fastest simulated one wins.
 
 Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
 """
@@ -28,13 +30,20 @@ from dcp.cluster import Cluster
 from dcp.ir.layered import LayeredPlan
 from dcp.layout.blocks import uniform_layout
 from dcp.layout.tiles import enumerate_tiles
-from dcp.planner.budget import pick, within_tokens
-from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times
+from dcp.planner.budget import SIMULATE_WITHIN, candidate_programs, pick, within_tokens
+from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
+from dcp.sim import simulate_both
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind
-LAYERED_POOL = 8
+LAYERED_POOL = 6
+#: the best scored placements whose other kinds are rescheduled at every stage count of the search
+WIDEN_TOP = 2
+#: compute tolerances of the packings balancing every kind's layers together
+JOINT_EPSILONS = (0.05, 0.2)
+#: the other kinds' least share of the lead's own choice's step time for which those packings are tried
+JOINT_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,10 +67,18 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     lead_spec = spec.for_kind(lead)
     search = planner.search(lead_spec, cluster)
     specs = {k: spec.for_kind(k) for k in spec.kinds}
-    pool = _pool(search, cfg, planner, specs, spec, cluster, lead)
+    pool = _pool(search, cfg)
     scored = [_score(c, lead, specs, spec, cluster, planner) for c in pool]
+    # the other kinds' share of the lead's own choice: when they weigh little, a placement balancing all
+    # kinds together is the lead's own (packing them costs planning time for nothing)
+    own = scored[pool.index(search.best)]
+    others = sum(n * c.time_s for k, n, c in zip(spec.kinds, spec.layers, own.per_kind) if k != lead)
+    if others >= JOINT_SHARE * own.step_s:
+        joint = _joint_packings(search, cfg, planner, specs, spec, cluster, lead, pool)
+        scored += [_score(c, lead, specs, spec, cluster, planner) for c in joint]
     scored.sort(key=lambda s: s.step_s)
-    chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg)
+    scored = _widen_top(scored, lead, specs, spec, cluster, planner)
+    chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg, search.memo)
     plans = []
     for k, cand in zip(spec.kinds, chosen.per_kind):
         own = search if k == lead else search._replace(cands=[s.per_kind[spec.kinds.index(k)] for s in scored],
@@ -76,8 +93,8 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     return LayeredPlan(spec, plans, planner.name, elapsed, meta)
 
 
-def _pool(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, lead: str) -> list[Candidate]:
-    """The placements scored for every kind (module docstring, steps 1-3)."""
+def _pool(search, cfg) -> list[Candidate]:
+    """The lead kind's placements scored for every kind (module docstring, steps 1 and 3)."""
     token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
     fits, _ = within_tokens(search.cands, search.budget)
     ranked = sorted(fits, key=lambda c: c.step_s(token_s))
@@ -87,6 +104,13 @@ def _pool(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, 
     fewest = min(fits, key=lambda c: (c.max_tokens, c.step_s(token_s)))
     if fewest not in pool:
         pool.append(fewest)
+    return pool
+
+
+def _joint_packings(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, lead: str,
+                    pool: list[Candidate]) -> list[Candidate]:
+    """Packings balancing every sequence's layer-weighted time over all kinds (module docstring, step 2)."""
+    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
     lead_spec = specs[lead]
     total_layers = sum(spec.layers)
     # each sequence's attention time per layer, averaged over the layers (and its tokens' own work)
@@ -97,16 +121,17 @@ def _pool(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, 
         weights += n / total_layers * sequence_times(cfg.cost_model, layout, tiles, spec.num_seqs)
     budget_eps = cfg.budget_ratio(spec.total_tokens, cluster.n_devices) - 1
     profiles = SequenceProfiles(lead_spec)
-    for eps in cfg.search.pack_epsilons[:3]:
+    out: list[Candidate] = []
+    for eps in JOINT_EPSILONS:
         pk = pack(lead_spec, cluster, cfg.block_size, cfg.head_block_size, eps, budget_eps, weights,
                   cfg.cost_model.profile.half_rows, None, overfill_whole=token_s == 0, profiles=profiles)
-        if any(same_placement(c, pk.layout, pk.home) for c in pool):
+        if any(same_placement(c, pk.layout, pk.home) for c in pool + out):
             continue
         cand = evaluate(f"pack(eps={eps:g},layers)", lead_spec, cluster, pk.layout, pk.tiles, pk.home,
                         pk.tile_device, cfg.cost_model, planner._stage_counts(), cfg.two_phase)
         if cand.max_tokens <= search.budget.tokens * (1 + 1e-9):
-            pool.append(cand)
-    return pool
+            out.append(cand)
+    return out
 
 
 def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cluster, planner) -> Scored:
@@ -120,8 +145,7 @@ def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cl
         tiles = enumerate_tiles(specs[k], cand.layout)
         home = np.asarray(cand.home, dtype=np.int64)
         per_kind.append(evaluate(cand.label, specs[k], cluster, cand.layout, tiles, home, home[tiles.q_tb],
-                                 cfg.cost_model, cfg.search.stage_counts if len(cfg.search.stage_counts) <= 2
-                                 else planner._stage_counts(), cfg.two_phase, cand.notes))
+                                 cfg.cost_model, planner._stage_counts(), cfg.two_phase, cand.notes))
     token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
     if cfg.search.objective == "bytes":
         step = sum(n * c.comm_bytes for n, c in zip(spec.layers, per_kind))
@@ -130,18 +154,65 @@ def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cl
     return Scored(tuple(per_kind), float(step))
 
 
+def _widen_top(scored: list[Scored], lead: str, specs: dict, spec: BatchSpec, cluster: Cluster,
+               planner) -> list[Scored]:
+    """The ``WIDEN_TOP`` best scored placements with every other kind's schedules the fastest over all the
+    search's stage counts (``dcp.planner.candidates.widen``; the lead kind's were widened by its search),
+    re-sorted."""
+    cfg = planner.config
+    if cfg.search.objective != "time":
+        return scored
+    token_s = cfg.search.token_time_s
+    out = list(scored)
+    for i, s in enumerate(scored[:WIDEN_TOP]):
+        per_kind = tuple(c if k == lead else widen(c, specs[k], cluster, cfg.cost_model, cfg.search.stage_counts,
+                                                   cfg.two_phase) for k, c in zip(spec.kinds, s.per_kind))
+        step = sum(n * c.time_s for n, c in zip(spec.layers, per_kind)) + sum(spec.layers) * token_s * \
+            per_kind[0].max_tokens
+        out[i] = Scored(per_kind, float(step))
+    return sorted(out, key=lambda s: s.step_s)
+
+
+def _simulated_s(cand: Candidate, kind_spec: BatchSpec, cluster: Cluster, cost, token_s: float, memo: dict) -> float:
+    """Simulated forward + backward + token time of one kind's candidate (the lead search's result reused)."""
+    got = memo.get(id(cand))
+    if got is not None and got[1] is not None and got[2] is cand:
+        return got[1]
+    fwd, bwd = simulate_both(candidate_programs(cand, kind_spec, cluster), cost, record_events=False)
+    sim = fwd.makespan_s + bwd.makespan_s + token_s * cand.max_tokens
+    peak = got[0] if got is not None and got[2] is cand else None
+    if peak is not None:
+        memo[id(cand)] = (peak, sim, cand)
+    return sim
+
+
 def _within_transient(scored: list[Scored], budget, specs: dict, spec: BatchSpec, cluster: Cluster,
-                      cfg) -> tuple[Scored, tuple[str, ...]]:
-    """The fastest scored placement whose every kind keeps transient buffers within the budget (else the
-    fastest, with the notes saying where it is over)."""
+                      cfg, memo: dict) -> tuple[Scored, tuple[str, ...]]:
+    """The final choice: of the scored placements (best estimate first) whose every kind keeps transient
+    buffers within the budget, the first ``simulate_top`` estimated within ``SIMULATE_WITHIN`` of the best
+    compete by simulated step time (``dcp.sim``; every kind's programs), as ``dcp.planner.budget.pick`` does
+    for one kind. When none fits, the fastest stands, with the notes saying where it is over."""
     first_notes: tuple[str, ...] | None = None
-    for s in scored:
+    top = cfg.search.simulate_top if cfg.search.objective == "time" else 0
+    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    fits: list[tuple[float, int, Scored]] = []
+    for i, s in enumerate(scored):
+        close = i < top and s.step_s <= scored[0].step_s * (1 + SIMULATE_WITHIN)
+        if fits and not close:
+            break
         notes: list[str] = []
-        for k, cand in zip(spec.kinds, s.per_kind):
-            _, more = pick([cand], budget, specs[k], cluster, cfg.cost_model, 0)
-            notes += [f"layer kind {k!r}: {n}" for n in more]
-        if not notes:
-            return s, ()
-        if first_notes is None:
-            first_notes = tuple(notes)
+        sim = 0.0
+        for k, n, cand in zip(spec.kinds, spec.layers, s.per_kind):
+            _, more = pick([cand], budget, specs[k], cluster, cfg.cost_model, 0, memo=memo)
+            notes += [f"layer kind {k!r}: {x}" for x in more]
+            if close and top > 1 and not more:
+                sim += n * _simulated_s(cand, specs[k], cluster, cfg.cost_model, token_s, memo)
+        if notes:
+            first_notes = tuple(notes) if first_notes is None else first_notes
+            continue
+        fits.append((sim if close and top > 1 else float("inf"), i, s))
+        if top <= 1:
+            break
+    if fits:
+        return min(fits, key=lambda f: f[:2])[2], ()
     return scored[0], first_notes or ()
