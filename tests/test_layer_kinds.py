@@ -160,3 +160,44 @@ def test_select_kind(plan):
     assert select_kind(full, None) is full
     with pytest.raises(InvalidPlanError, match="one layer kind"):
         select_kind(full, "full")
+
+
+def test_validate_takes_a_layered_plan_and_names_the_kind_at_fault(plan):
+    import dataclasses
+
+    dcp.validate(plan)
+    broken = dataclasses.replace(plan.kind("sliding"), tile_device=np.roll(plan.kind("sliding").tile_device, 1))
+    bad = LayeredPlan.__new__(LayeredPlan)  # bypass the constructor's check: a plan corrupted after it was built
+    object.__setattr__(bad, "spec", plan.spec)
+    object.__setattr__(bad, "plans", (plan.kind("full"), broken))
+    with pytest.raises(dcp.PlanValidationError, match="layer kind 'sliding'"):
+        dcp.validate(bad)
+
+
+def test_a_windowed_kind_moves_only_the_keys_its_neighbours_need():
+    """Pinned: one 3,000-token sequence in two blocks on two devices; the windowed kind cuts the first
+    block's last 127 keys off (window 128 reaches 127 keys back) and moves only them."""
+    from dcp.layout.blocks import make_layout
+    from dcp.planner.layered import kind_layout
+
+    spec = dcp.BatchSpec([3000, 500], {"full": "causal", "sliding": SlidingWindowMask(128)}, 2)
+    lead = make_layout(spec.for_kind("full"), [np.array([0, 2000, 3000]), np.array([0, 500])], None)
+    layout, home = kind_layout(spec.for_kind("sliding"), lead, np.array([0, 1, 1]))
+    assert layout.tb_len.tolist() == [1873, 127, 1000, 500] and home.tolist() == [0, 0, 1, 1]
+    # every token keeps its home
+    assert np.array_equal(np.repeat(home, layout.tb_len), np.repeat([0, 1, 1], lead.tb_len))
+    # a causal kind on the same placement needs the whole block: nothing is cut
+    same, _ = kind_layout(spec.for_kind("full"), lead, np.array([0, 1, 1]))
+    assert same.tb_len.tolist() == lead.tb_len.tolist()
+    # blocks on one device are never cut
+    one, _ = kind_layout(spec.for_kind("sliding"), lead, np.array([0, 0, 1]))
+    assert one.tb_len.tolist() == lead.tb_len.tolist()
+
+
+def test_windowed_layers_move_a_fraction_of_the_full_layers_bytes(plan):
+    full, sliding = plan.kind("full"), plan.kind("sliding")
+    assert np.array_equal(full.token_device(), sliding.token_device())
+    # the sliding kind's blocks subdivide the full kind's
+    assert set(np.cumsum(full.layout.tb_len).tolist()) <= set(np.cumsum(sliding.layout.tb_len).tolist())
+    st = plan.stats()
+    assert 0 < st["sliding"].comm_bytes_total <= st["full"].comm_bytes_total / 4

@@ -126,16 +126,18 @@ def _row(cell: dict, planner: str, got: dict, **extra) -> dict:
 
 
 def _on_placement(plan, kind_spec, cluster: Cluster, config):
-    """``kind_spec``'s plan on ``plan``'s placement (its tiles on their q block's home), scheduled by dcp."""
+    """``kind_spec``'s plan on ``plan``'s placement (its blocks cut as dcp's layered planner cuts them,
+    ``dcp.planner.layered.kind_layout``; tiles on their q block's home), scheduled by dcp."""
     from dcp.layout.tiles import enumerate_tiles
     from dcp.planner.candidates import evaluate
+    from dcp.planner.layered import kind_layout
     from dcp.schedule.assemble import assemble
 
-    tiles = enumerate_tiles(kind_spec, plan.layout)
-    home = plan.home.astype(np.int64)
-    cand = evaluate("placement", kind_spec, cluster, plan.layout, tiles, home, home[tiles.q_tb], config.cost_model,
+    layout, home = kind_layout(kind_spec, plan.layout, plan.home.astype(np.int64))
+    tiles = enumerate_tiles(kind_spec, layout)
+    cand = evaluate("placement", kind_spec, cluster, layout, tiles, home, home[tiles.q_tb], config.cost_model,
                     config.search.stage_counts, config.two_phase)
-    return assemble(kind_spec, cluster, plan.layout, tiles, home, cand.tile_device, cand.forward.tile_stage,
+    return assemble(kind_spec, cluster, layout, tiles, home, cand.tile_device, cand.forward.tile_stage,
                     cand.forward.routes, "dcp", time.perf_counter(), backward=cand.backward)
 
 

@@ -3,9 +3,9 @@
 Activations live on the tokens' homes, so every layer of a model must find each token on the same device;
 what a layer computes and moves may differ with its kind (a sliding-window layer needs only its neighbours'
 keys). A ``LayeredPlan`` holds one ordinary, validated ``Plan`` per kind of a layered ``BatchSpec``
-(``BatchSpec(..., masks={"full": ..., "sliding": ...}, layers={...})``): every kind's plan has the same token
-blocks and the same home of every block, its own tiles (exactly those its masks give), their devices and
-both programs. ``kind(name)`` is the plan a layer of that kind runs; ``dcp.attention(..., kind=name)`` and
+(``BatchSpec(..., masks={"full": ..., "sliding": ...}, layers={...})``): every kind's plan puts every token on
+the same home; its blocks may be cut finer (a windowed kind moves only the keys its neighbours need), and
+it has its own tiles (exactly those its masks give), their devices and both programs. ``kind(name)`` is the plan a layer of that kind runs; ``dcp.attention(..., kind=name)`` and
 ``DCPAttention(...)(q, k, v, plan, kind=name)`` pick it.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ class LayeredPlan:
 
     ``spec``: the layered batch (``spec.kinds``, ``spec.layers``); ``plans``: the kinds' plans in
     ``spec.kinds`` order, each on ``spec.for_kind(kind)``. Construction checks that they agree (same cluster,
-    token blocks and homes; ``InvalidPlanError`` otherwise). The token-side questions (``home``,
-    ``local_token_index``, ...) are answered once for all kinds.
+    every token's home; ``InvalidPlanError`` otherwise). The token-side questions (``token_device``,
+    ``local_token_index``, ...) are answered once for all kinds; ``layout``/``home`` are the first kind's.
     """
 
     spec: BatchSpec
@@ -129,7 +129,7 @@ class LayeredPlan:
 
 def check_layered(spec: BatchSpec, plans) -> None:
     """``InvalidPlanError`` unless ``plans`` are one ``Plan`` per kind of ``spec``, in order, each on that kind's
-    masks, all on one cluster with the same token blocks and homes."""
+    masks, all on one cluster with every token on the same home (their blocks may differ)."""
     if not isinstance(spec, BatchSpec) or not spec.kinds:
         raise InvalidPlanError("a LayeredPlan needs a layered BatchSpec (masks given as a dict of layer kinds)")
     plans = tuple(plans)
@@ -142,9 +142,7 @@ def check_layered(spec: BatchSpec, plans) -> None:
             raise InvalidPlanError(f"layer kind {name!r}: its plan is for another batch or other masks")
         if p.cluster != first.cluster:
             raise InvalidPlanError(f"layer kind {name!r}: its plan is for another cluster")
-        a, b = p._contiguous(), first._contiguous()
-        if not (np.array_equal(a[0].tb_start, b[0].tb_start) and np.array_equal(a[0].tb_len, b[0].tb_len)
-                and np.array_equal(a[1], b[1])):
+        if not np.array_equal(p.token_device(), first.token_device()):
             raise InvalidPlanError(f"layer kind {name!r}: its tokens' homes differ from kind {spec.kinds[0]!r}'s "
                                    "(every layer must find each token on the same device)")
 

@@ -45,7 +45,23 @@ _OUTPUTS = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))
 
 
 def validate(plan: Plan) -> None:
-    """Raise ``PlanValidationError`` listing the first problems found; return None for a valid plan."""
+    """Raise ``PlanValidationError`` listing the first problems found; return None for a valid plan. A
+    ``dcp.ir.layered.LayeredPlan`` is valid when every kind's plan is and they share the tokens' homes."""
+    from dcp.ir.layered import LayeredPlan, check_layered
+
+    if isinstance(plan, LayeredPlan):
+        from dcp.errors import InvalidPlanError, PlanValidationError
+
+        try:
+            check_layered(plan.spec, plan.plans)
+        except InvalidPlanError as err:
+            raise PlanValidationError(str(err)) from None
+        for kind, p in zip(plan.kinds, plan.plans):
+            try:
+                validate(p)
+            except PlanValidationError as err:
+                raise PlanValidationError(f"layer kind {kind!r}: {err}") from None
+        return
     pb = Problems()
     check_arrays(plan, pb)
     pb.raise_if_any()

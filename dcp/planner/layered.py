@@ -12,8 +12,9 @@ of the device with the most tokens once per layer (``SearchConfig.token_time_s``
    the full layers leaves the windowed layers' work, which follows the tokens, uneven);
 3. each of the ``LAYERED_POOL`` best candidates within the memory budget (by the heaviest kind's step
    time), every joint packing, and the candidate holding the fewest tokens on its busiest device, is
-   scheduled for every other kind on the same homes (a tile runs on its q block's home, every stage count
-   of the search) and scored by the estimate; of those whose every kind keeps transient buffers within
+   scheduled for every other kind with every token on the same home (its blocks cut where a query block
+   elsewhere needs only part of one, ``kind_layout``; a tile runs on its q block's home) and scored by
+   the estimate; of those whose every kind keeps transient buffers within
    the budget, the few estimated fastest are simulated (every kind) and the fastest simulated one wins.
 
 Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
@@ -28,7 +29,7 @@ import numpy as np
 
 from dcp.cluster import Cluster
 from dcp.ir.layered import LayeredPlan
-from dcp.layout.blocks import uniform_layout
+from dcp.layout.blocks import BlockLayout, make_layout, uniform_layout
 from dcp.layout.tiles import enumerate_tiles
 from dcp.planner.budget import SIMULATE_WITHIN, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
@@ -134,6 +135,46 @@ def _joint_packings(search, cfg, planner, specs: dict, spec: BatchSpec, cluster:
     return out
 
 
+def kind_layout(kind_spec: BatchSpec, layout: BlockLayout, home: np.ndarray) -> tuple[BlockLayout, np.ndarray]:
+    """(a layout for ``kind_spec`` on the placement ``layout``/``home``, its blocks' homes): every token keeps
+    its home, but a block is cut where a query block on another device needs only part of it (a windowed
+    layer reads the last ``window`` keys of its neighbour's block, not the whole block, so it moves only
+    those). Cut points: per query block and range slot of ``kind_spec``'s masks, the smallest start and the
+    largest end of its rows' key ranges, kept where they fall inside a block homed elsewhere. A grouped
+    layout is returned as it is."""
+    if layout.grouped:
+        return layout, home
+    bounds_per_seq, homes = [], []
+    for s in range(kind_spec.num_seqs):
+        lo_b, hi_b = int(layout.seq_tb_ptr[s]), int(layout.seq_tb_ptr[s + 1])
+        bounds, dev = layout.seq_bounds(s), np.asarray(home[lo_b:hi_b])
+        if bounds.size > 2 and np.unique(dev).size > 1:
+            bounds = _cut_bounds(kind_spec.kv_ranges(s), bounds, dev)
+        bounds_per_seq.append(bounds)
+        parent = np.searchsorted(layout.seq_bounds(s), bounds[:-1], side="right") - 1
+        homes.append(dev[parent])
+    refined = make_layout(kind_spec, bounds_per_seq, layout.head_block_size)
+    return refined, np.concatenate(homes).astype(np.int64)
+
+
+def _cut_bounds(ranges_tr2: np.ndarray, bounds: np.ndarray, dev: np.ndarray) -> np.ndarray:
+    """``bounds`` with the cut points of ``kind_layout`` added (one sequence)."""
+    lo, hi = ranges_tr2[:, :, 0].astype(np.int64), ranges_tr2[:, :, 1].astype(np.int64)
+    empty = hi <= lo
+    big = np.iinfo(np.int64).max
+    starts = bounds[:-1]
+    lo_min = np.minimum.reduceat(np.where(empty, big, lo), starts, axis=0)   # [q blocks, R]
+    hi_max = np.maximum.reduceat(np.where(empty, -1, hi), starts, axis=0)
+    q_dev = np.repeat(dev, lo_min.shape[1])
+    cuts = np.concatenate([lo_min.ravel(), hi_max.ravel()])
+    owner = np.concatenate([q_dev, q_dev])
+    ok = (cuts > 0) & (cuts < bounds[-1])
+    cuts, owner = cuts[ok], owner[ok]
+    block = np.searchsorted(bounds, cuts, side="right") - 1
+    inside = (cuts > bounds[block]) & (dev[block] != owner)   # strictly inside a block homed elsewhere
+    return np.union1d(bounds, cuts[inside])
+
+
 def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cluster, planner) -> Scored:
     """``cand`` (a placement for the lead kind) scheduled for every kind, and its layer-weighted step time."""
     cfg = planner.config
@@ -142,9 +183,9 @@ def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cl
         if k == lead:
             per_kind.append(cand)
             continue
-        tiles = enumerate_tiles(specs[k], cand.layout)
-        home = np.asarray(cand.home, dtype=np.int64)
-        per_kind.append(evaluate(cand.label, specs[k], cluster, cand.layout, tiles, home, home[tiles.q_tb],
+        layout, home = kind_layout(specs[k], cand.layout, np.asarray(cand.home, dtype=np.int64))
+        tiles = enumerate_tiles(specs[k], layout)
+        per_kind.append(evaluate(cand.label, specs[k], cluster, layout, tiles, home, home[tiles.q_tb],
                                  cfg.cost_model, planner._stage_counts(), cfg.two_phase, cand.notes))
     token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
     if cfg.search.objective == "bytes":
