@@ -29,6 +29,7 @@ import torch.distributed as dist
 from dcp.errors import PlanMismatchError
 from dcp.integration.cache import CachedPlan, digest_bytes
 from dcp.integration.worker import PlanningError
+from dcp.ir.layered import LayeredPlan
 from dcp.ir.plan import Plan
 
 OK, ERROR = 0, 1
@@ -143,6 +144,8 @@ def broadcast_plan(plan: Plan | None, src: int = 0, group=None) -> Plan:
     group rank) passes its plan, the others pass anything (None). Returns the source's plan on every rank,
     its bytes checked by sha256 on arrival.
 
+    A ``dcp.LayeredPlan`` (a model with layer kinds) is shared the same way.
+
     Raises ``PlanningError`` on every rank when the source passes no ``dcp.Plan``, and
     ``PlanMismatchError`` when the bytes arrive corrupted. Without an initialized process group (or with
     one rank) the plan is returned as it is. Receivers' plans carry the source's ``planning_time_s``.
@@ -150,12 +153,12 @@ def broadcast_plan(plan: Plan | None, src: int = 0, group=None) -> Plan:
     is_src = not (dist.is_available() and dist.is_initialized()) or dist.get_rank(group) == src
     entry = error = None
     if is_src:
-        if isinstance(plan, Plan):
+        if isinstance(plan, (Plan, LayeredPlan)):
             data = plan.to_bytes()
             entry = CachedPlan(data, digest_bytes(data), plan)
         else:
             error = PlanningError(f"broadcast_plan: the source rank {src} passed {type(plan).__name__}, not a "
-                                  f"dcp.Plan")
+                                  f"dcp.Plan or dcp.LayeredPlan")
     # no batch to compare: every rank passes the same null batch digest
     shared = share_plan(entry, error, 0.0, batch_digest=bytes(32), group=group, src=src,
                         planning_s=plan.planning_time_s if entry is not None else 0.0)

@@ -50,7 +50,8 @@ def plan_key(spec: BatchSpec, cluster: Cluster, config: PlannerConfig, fingerpri
 
 @dataclass(frozen=True, eq=False)
 class CachedPlan:
-    """A plan in both forms: ``data`` = ``plan.to_bytes()``, ``digest`` = sha256(data), and the ``Plan``."""
+    """A plan in both forms: ``data`` = ``plan.to_bytes()``, ``digest`` = sha256(data), and the ``Plan`` (or
+    ``LayeredPlan``)."""
 
     data: bytes
     digest: bytes
@@ -58,7 +59,9 @@ class CachedPlan:
 
     @staticmethod
     def from_bytes(data: bytes, digest: bytes | None = None) -> "CachedPlan":
-        return CachedPlan(bytes(data), digest or digest_bytes(data), Plan.from_bytes(bytes(data)))
+        from dcp.ir.layered import plan_from_bytes
+
+        return CachedPlan(bytes(data), digest or digest_bytes(data), plan_from_bytes(bytes(data)))
 
     @property
     def hexdigest(self) -> str:

@@ -147,6 +147,13 @@ def check_layered(spec: BatchSpec, plans) -> None:
                                    "(every layer must find each token on the same device)")
 
 
+def plan_from_bytes(data: bytes) -> "Plan | LayeredPlan":
+    """The ``Plan`` or ``LayeredPlan`` whose ``to_bytes`` wrote ``data`` (``SerializationError`` otherwise)."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:8]) == _MAGIC:
+        return LayeredPlan.from_bytes(data)
+    return Plan.from_bytes(data)
+
+
 def select_kind(plan, kind: str | None) -> Plan:
     """The ``Plan`` a layer of ``kind`` runs: ``plan`` itself for a ``Plan`` (``kind`` None, or the plan is
     not layered: ``InvalidPlanError`` for a kind it does not have), ``plan.kind(kind)`` for a ``LayeredPlan``
