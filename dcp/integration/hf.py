@@ -5,24 +5,39 @@
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="dcp")  # or model.set_attn_implementation("dcp")
     loader = DCPLoader(samples, dcp.Cluster(1, world), planner_config, token_budget, **dcp_hf.batch_geometry(model))
     for batch in loader:
-        loss = model(**dcp_hf.model_inputs(batch)).loss    # this rank's summed token loss / GLOBAL label count
-        loss.backward()
+        with dcp_hf.plan_context(batch.plan):   # needed only by models whose layers drop **kwargs (StableLM)
+            loss = model(**dcp_hf.model_inputs(batch)).loss  # this rank's summed token loss / GLOBAL label count
+            loss.backward()
         dcp_hf.sum_gradients(model)                         # replicated parameters: sum over ranks
         opt.step(); opt.zero_grad()
 
 Each rank feeds the model its home tokens in transformers' padding-free layout: ``input_ids`` and
 ``position_ids`` ``[1, n_local]`` (positions restart at 0 per sequence, so RoPE sees each token's position in
 its own sequence), plus the batch's plan as the extra model argument ``dcp_plan``; transformers hands
-unknown keyword arguments down to the attention function. Embeddings, norms, MLPs and the LM head run per
-rank on the home tokens; only attention moves data, as the plan says. The masks are the plan's (one per
+unknown keyword arguments down to the attention function. Where a model's decoder layers do not (in 5.23:
+StableLM, Nemotron), ``plan_context(batch.plan)`` gives the attention function the plan for the block
+(a call's ``dcp_plan``, when it has one, must be the same plan). Embeddings, norms, MLPs and the LM head run
+per rank on the home tokens; only attention moves data, as the plan says. The masks are the plan's (one per
 sequence, from the loader's ``Sample.mask``; causal by default), so no dense mask is ever built.
+
+Models whose layers differ (``config.layer_types`` mixing "full_attention" and "sliding_attention" layers
+with one ``sliding_window``: gpt-oss, Gemma 3, Qwen2 with ``max_window_layers``, ...): ``batch_geometry``
+gives the loader their layer kinds, so every batch is planned into a ``dcp.LayeredPlan`` (one placement;
+full layers attend through each sample's mask, window layers through it restricted to the window, see
+``dcp.integration.layer_kinds.windowed_mask``), and each attention call runs its layer's kind
+(``module.layer_idx`` into ``layer_types``, cross-checked with the ``sliding_window`` the layer passes:
+``LayerKindError``). A model of one kind keeps plain batches and plans; a window layer then needs masks
+within its window (``SlidingWindowMask(w)``). gpt-oss's attention sinks (``s_aux``, the layer's ``sinks``
+parameter) run as dcp's sinks, gradients included.
 
 The registered function checks what it is given against the plan, per call, with a named error each:
 ``PackedInputError`` for a batch dimension other than 1, a row count or ``position_ids`` that are not this
 rank's share of the plan (e.g. positions left to transformers' default ``arange``), ``cu_seq_lens_q``/``_k``
-that do not describe the plan's sequences, or an ``attention_mask`` tensor (the plan carries the masks);
-``UnsupportedAttentionError`` for what dcp does not compute (attention dropout, logit soft-capping,
-attention sinks, a layer's sliding window that the plan's masks do not express).
+that do not describe the plan's sequences, an ``attention_mask`` tensor (the plan carries the masks), or no
+plan at all (``PlanContextError``: a ``dcp_plan`` other than the ``plan_context``'s); ``LayerKindError`` for a
+layer whose kind or window the plan does not have; ``UnsupportedAttentionError`` for what dcp does not
+compute (attention dropout, logit soft-capping, layer types other than full and sliding, bidirectional
+windows, a window that a plain plan's masks do not respect).
 
 The tested ``transformers`` versions are ``SUPPORTED_TRANSFORMERS``; ``register`` raises
 ``UnsupportedTransformersError`` for any other (``check_transformers_version``).
@@ -35,30 +50,23 @@ import torch.distributed as dist
 from torch import nn
 
 from dcp.errors import DcpError
+from dcp.integration.hf_layers import (PLAN_KWARG, LayerKindError, PackedInputError, PlanContextError,
+                                       UnsupportedAttentionError, active_plan, check_window, layer_kind, layer_kinds,
+                                       plan_context, resolve_plan)
 from dcp.integration.loader import IGNORE_INDEX, DCPBatch
 from dcp.integration.module import DCPAttention, sum_gradients
-from dcp.ir.plan import Plan
-from dcp.masks import CausalMask, ranges_to_dense
+from dcp.masks import ranges_to_dense
 from dcp.spec import BatchSpec
 
 # setup.py's "hf" and "test" extras pin the same range. The tests passed on 4.56.2, 4.57.6, 5.0.0 and 5.23.0
 # (4.53.3 lacks ``set_attn_implementation``); a later minor version joins once they pass on it.
 SUPPORTED_TRANSFORMERS = (">=4.56.2", "<5.24")
-PLAN_KWARG = "dcp_plan"
 # attention-function arguments of features dcp does not compute: a value other than None is refused
-_UNSUPPORTED_KWARGS = {"softcap": "logit soft-capping", "s_aux": "attention sinks"}
+_UNSUPPORTED_KWARGS = {"softcap": "logit soft-capping"}
 
 
 class UnsupportedTransformersError(DcpError, ImportError):
     """``transformers`` is missing or outside ``SUPPORTED_TRANSFORMERS``."""
-
-
-class PackedInputError(DcpError, ValueError):
-    """The model was not fed this rank's share of the plan's packed batch (see ``model_inputs``)."""
-
-
-class UnsupportedAttentionError(DcpError, ValueError):
-    """The model's attention asks for something dcp does not compute (dropout, soft-capping, sinks, a window)."""
 
 
 def check_transformers_version(version: str | None = None) -> str:
@@ -94,15 +102,18 @@ class HFDCPAttention:
 
     Called by every attention layer as ``fn(module, query, key, value, attention_mask, scaling=,
     dropout=, **kwargs)`` with ``query [1, Hq, n, D]``, ``key``/``value [1, Hkv, n, D]`` (RoPE applied, GQA
-    not repeated) and returns ``(attn_output [1, n, Hq, D], None)``. ``kwargs[PLAN_KWARG]`` is the plan.
-    Runs ``DCPAttention(group, mode=..., kernels=..., timeout=..., validate=...)`` at the layer's scale.
+    not repeated) and returns ``(attn_output [1, n, Hq, D], None)``. The plan is ``kwargs[PLAN_KWARG]``, else
+    the ``plan_context``'s; a ``LayeredPlan`` runs the layer's kind (``hf_layers.layer_kind``); ``s_aux``
+    (gpt-oss sink logits ``[Hq]``) goes to dcp as ``sinks``. Runs ``DCPAttention(group, mode=...,
+    kernels=..., timeout=..., validate=...)`` at the layer's scale.
     """
 
     def __init__(self, group=None, *, mode: str = "auto", kernels=None, timeout: float | None = None,
                  validate: bool = False):
         self._settings = dict(group=group, mode=mode, kernels=kernels, timeout=timeout, validate=validate)
         self._by_scale: dict[float | None, DCPAttention] = {}
-        self._rows: tuple[Plan, torch.Tensor] | None = None  # the last plan and its rows' positions
+        self._rows: tuple = None  # the last plan and its rows' positions
+        self._windows: tuple = (None, set())  # the last plan and its (kind, window) pairs already checked
 
     def attention(self, scale: float | None) -> DCPAttention:
         """The ``DCPAttention`` for softmax scale ``scale`` (layers of one model share it)."""
@@ -110,7 +121,7 @@ class HFDCPAttention:
             self._by_scale[scale] = DCPAttention(scale=scale, **self._settings)
         return self._by_scale[scale]
 
-    def _home_positions(self, attn: DCPAttention, plan: Plan, device: torch.device) -> torch.Tensor:
+    def _home_positions(self, attn: DCPAttention, plan, device: torch.device) -> torch.Tensor:
         """int64 ``[n]`` positions of the rows this process runs: its home tokens, or the whole batch when
         one process runs a multi-device plan (``DCPAttention`` mode "single_process")."""
         cached = self._rows
@@ -125,14 +136,20 @@ class HFDCPAttention:
         self._rows = (plan, home)
         return home
 
-    def _check(self, attn: DCPAttention, query: torch.Tensor, key: torch.Tensor, attention_mask, dropout: float,
-               kwargs: dict) -> tuple[Plan, int]:
-        """The plan and how many of the plan's rows this process runs, once the inputs passed every check."""
-        plan = kwargs.get(PLAN_KWARG)
-        if not isinstance(plan, Plan):
-            raise PackedInputError(f"the 'dcp' attention needs the batch's plan: call the model with "
-                                   f"{PLAN_KWARG}=batch.plan (dcp.integration.hf.model_inputs(batch) does), got "
-                                   f"{type(plan).__name__}")
+    def _check_window(self, plan, kind: str | None, window: int) -> None:
+        seen_plan, seen = self._windows
+        if seen_plan is not plan:
+            seen = set()
+            self._windows = (plan, seen)
+        if (kind, window) not in seen:
+            check_window(plan, kind, window)
+            seen.add((kind, window))
+
+    def _check(self, attn: DCPAttention, module, query: torch.Tensor, key: torch.Tensor, attention_mask,
+               dropout: float, kwargs: dict) -> tuple:
+        """``(plan, kind, rows)``: the plan, the layer's kind (None for a ``Plan``) and how many of the plan's
+        rows this process runs, once the inputs passed every check."""
+        plan = resolve_plan(module, kwargs)
         if query.dim() != 4 or query.shape[0] != 1:
             raise PackedInputError(f"the 'dcp' attention takes one packed row per rank (batch size 1, "
                                    f"input_ids [1, n]); got query {list(query.shape)}")
@@ -148,9 +165,9 @@ class HFDCPAttention:
         for name, what in _UNSUPPORTED_KWARGS.items():
             if kwargs.get(name) is not None:
                 raise UnsupportedAttentionError(f"{what} ({name}={kwargs[name]!r}) is not computed by dcp")
-        window = kwargs.get("sliding_window")
+        kind, window = layer_kind(module, plan, kwargs)
         if window is not None:
-            _check_window(plan.spec, int(window))
+            self._check_window(plan, kind, window)
         for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
             cu = kwargs.get(name)
             if cu is not None and not np.array_equal(cu.detach().cpu().numpy().reshape(-1), plan.spec.cu_seqlens):
@@ -158,7 +175,7 @@ class HFDCPAttention:
                                        f"{plan.spec.seqlens[:8]}...): give the whole packed batch's cu_seqlens or none")
         home = self._home_positions(attn, plan, query.device)
         if home.numel() == 0 and query.shape[2] == 1:  # an idle rank's placeholder token (see model_inputs)
-            return plan, 0
+            return plan, kind, 0
         if query.shape[2] != home.numel():
             raise PackedInputError(f"the model got {query.shape[2]} tokens; this process runs {home.numel()} rows "
                                    f"of the plan: feed the batch's tokens (input_ids=batch.tokens[None])")
@@ -167,35 +184,25 @@ class HFDCPAttention:
             raise PackedInputError("position_ids are not the batch's per-sequence positions of this rank's tokens: "
                                    "pass position_ids=batch.positions[None] (without them transformers numbers the "
                                    "rank's tokens 0..n-1 and RoPE rotates them wrongly)")
-        return plan, home.numel()
+        return plan, kind, home.numel()
 
     def __call__(self, module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                  **kwargs) -> tuple[torch.Tensor, None]:
         attn = self.attention(None if scaling is None else float(scaling))
-        plan, rows = self._check(attn, query, key, attention_mask, dropout, kwargs)
+        plan, kind, rows = self._check(attn, module, query, key, attention_mask, dropout, kwargs)
+        extra = {} if kind is None else {"kind": kind}
+        if kwargs.get("s_aux") is not None:
+            extra["sinks"] = kwargs["s_aux"]
         q_thd, k_thd, v_thd = (x[0].transpose(0, 1).contiguous() for x in (query, key, value))  # [n, H, D]
         if rows == 0:
             # an idle rank still runs the plan's (empty) attention, forward and backward, with the others; its
             # placeholder row gets a zero output that stays in the graph through the empty one
-            o_thd = attn(q_thd[:0], k_thd[:0], v_thd[:0], plan)
+            o_thd = attn(q_thd[:0], k_thd[:0], v_thd[:0], plan, **extra)
             o_thd = torch.cat([o_thd, torch.zeros_like(q_thd)])
         else:
-            o_thd = attn(q_thd, k_thd, v_thd, plan)
+            o_thd = attn(q_thd, k_thd, v_thd, plan, **extra)
         return o_thd.unsqueeze(0), None  # [1, n, Hq, D]: transformers flattens the heads itself
-
-
-def _check_window(spec: BatchSpec, window: int) -> None:
-    """A layer with a sliding window of ``window`` keys (itself included) needs the plan's masks to be that
-    window: ``SlidingWindowMask(window)``, or a causal mask on a sequence no longer than the window."""
-    from dcp.masks import SlidingWindowMask
-
-    for i, (mask, length) in enumerate(zip(spec.masks, spec.seqlens)):
-        if mask == SlidingWindowMask(window) or (isinstance(mask, CausalMask) and length <= window):
-            continue
-        raise UnsupportedAttentionError(
-            f"the layer attends through a sliding window of {window} tokens, the plan's sequence {i} (length "
-            f"{length}) has {mask!r}: give the loader samples with dcp.masks.SlidingWindowMask({window})")
 
 
 def register(name: str = "dcp", group=None, *, mode: str = "auto", kernels=None, timeout: float | None = None,
@@ -223,7 +230,8 @@ def model_inputs(batch: DCPBatch) -> dict:
     (transformers' loss then does not shift); ``labels`` is the same tensor, as the models compute a loss
     only when it is given. ``num_items_in_batch`` is the whole batch's label count, so ``.loss`` is this
     rank's summed token loss over the GLOBAL count and the ranks' losses sum to the batch mean.
-    ``use_cache`` is False: a training step needs no KV cache.
+    ``use_cache`` is False: a training step needs no KV cache. ``dcp_plan`` is the batch's plan (a
+    ``LayeredPlan`` for a model of several layer kinds); a model whose layers drop it needs ``plan_context``.
 
     A rank that the plan leaves idle (no home tokens, ``plan.stats().idle_devices``) gets one placeholder
     token (id 0, position 0, label ignored), as transformers' layers cannot run on zero tokens: its
@@ -240,7 +248,10 @@ def model_inputs(batch: DCPBatch) -> dict:
 
 def batch_geometry(model_or_config) -> dict:
     """``num_heads``, ``num_kv_heads``, ``head_dim``, ``dtype`` of a transformers model (its parameters' dtype)
-    or config (its ``dtype``, else float32): the attention geometry ``DCPLoader`` plans for."""
+    or config (its ``dtype``, else float32): the attention geometry ``DCPLoader`` plans for; plus
+    ``layer_kinds`` (``hf_layers.layer_kinds``) for a model whose ``layer_types`` mix full and sliding-window
+    layers. ``UnsupportedAttentionError`` for layer types dcp cannot express."""
+    kinds = layer_kinds(model_or_config)
     cfg = getattr(model_or_config, "config", model_or_config)
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -249,14 +260,18 @@ def batch_geometry(model_or_config) -> dict:
         dtype = next(model_or_config.parameters()).dtype
     else:
         dtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None) or torch.float32
-    return {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "dtype": str(dtype).replace("torch.", "")}
+    geometry = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": head_dim,
+                "dtype": str(dtype).replace("torch.", "")}
+    return geometry if kinds is None else {**geometry, "layer_kinds": kinds}
 
 
-def dense_attention_mask(spec: BatchSpec, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+def dense_attention_mask(spec: BatchSpec, dtype: torch.dtype = torch.float32, device=None):
     """Additive ``[1, 1, T, T]`` mask of the whole packed batch (0 allowed, dtype's min elsewhere), block
     diagonal by sequence, each block the sequence's dcp mask: for checking dcp against transformers'
-    eager/SDPA attention on one process (pass it as ``attention_mask``). O(T^2) memory: tests only."""
+    eager/SDPA attention on one process (pass it as ``attention_mask``). O(T^2) memory: tests only.
+    A layered batch gives ``{kind: mask}``, which transformers' models with ``layer_types`` take as is."""
+    if spec.layered:
+        return {k: dense_attention_mask(spec.for_kind(k), dtype, device) for k in spec.kinds}
     allowed_tt = torch.zeros(spec.total_tokens, spec.total_tokens, dtype=torch.bool)
     cu = spec.cu_seqlens
     for s in range(spec.num_seqs):
@@ -266,6 +281,7 @@ def dense_attention_mask(spec: BatchSpec, dtype: torch.dtype = torch.float32, de
     return mask_tt[None, None].to(device) if device is not None else mask_tt[None, None]
 
 
-__all__ = ["register", "model_inputs", "batch_geometry", "sum_gradients", "dense_attention_mask", "packed_positions",
-           "check_transformers_version", "HFDCPAttention", "SUPPORTED_TRANSFORMERS", "PLAN_KWARG",
-           "UnsupportedTransformersError", "PackedInputError", "UnsupportedAttentionError"]
+__all__ = ["register", "model_inputs", "batch_geometry", "layer_kinds", "plan_context", "active_plan", "sum_gradients",
+           "dense_attention_mask", "packed_positions", "check_transformers_version", "HFDCPAttention",
+           "SUPPORTED_TRANSFORMERS", "PLAN_KWARG", "UnsupportedTransformersError", "PackedInputError",
+           "PlanContextError", "UnsupportedAttentionError", "LayerKindError"]

@@ -24,6 +24,12 @@ samples), appended to ``loader.rejected``, and the loader goes on with the next 
 The planner worker is started with multiprocessing "spawn", which imports the training script in the
 worker: guard the script's entry point with ``if __name__ == "__main__":`` (as for any spawn-based
 multiprocessing), or use ``WorkerConfig(mode="inline")``.
+
+Models whose layers differ (sliding-window and full attention, ``layer_kinds={"full_attention":
+LayerKind(count=12), "sliding_attention": LayerKind(count=12, window=128)}``; ``dcp.integration.hf.batch_geometry``
+reads them from a transformers config) get layered batches: kind ``k`` attends through each sample's mask,
+restricted to the last ``window`` keys where the kind has a window (``windowed_mask``), and every batch is
+planned into a ``dcp.LayeredPlan`` (one placement, one program per kind), shared between ranks as one plan.
 """
 from __future__ import annotations
 
@@ -42,7 +48,9 @@ from dcp.config import PlannerConfig
 from dcp.errors import DcpError, InvalidConfigError
 from dcp.integration.broadcast import share_plan
 from dcp.integration.cache import CachedPlan, PlanCache, batch_digest, config_fingerprint, plan_key
+from dcp.integration.layer_kinds import LayerKind, check_layer_kinds, windowed_mask
 from dcp.integration.worker import PlanningError, WorkerConfig, make_planner
+from dcp.ir.layered import LayeredPlan
 from dcp.ir.plan import Plan
 from dcp.masks import CausalMask, Mask
 from dcp.spec import BatchSpec
@@ -80,7 +88,8 @@ class DCPBatch:
         positions: int64 ``[n_local]`` position of each token within its sequence (for RoPE).
         labels: int64 ``[n_local]`` next token within the sequence; the last token of each sequence gets
             ``ignore_index`` (-100).
-        plan: the plan (identical on every rank; ``plan_digest`` is sha256 of its bytes).
+        plan: the plan (identical on every rank; ``plan_digest`` is sha256 of its bytes): a ``Plan``, or a
+            ``LayeredPlan`` when the loader has ``layer_kinds``.
         step: batch index; rank: this rank; sample_ids: ids of the batch's samples, in packing order.
         num_tokens: tokens of the whole batch; num_label_tokens: labels != ignore_index in the whole
             batch (normalize summed per-rank losses by it to get the global mean).
@@ -92,7 +101,7 @@ class DCPBatch:
     tokens: torch.Tensor
     positions: torch.Tensor
     labels: torch.Tensor
-    plan: Plan
+    plan: Plan | LayeredPlan
     step: int
     rank: int
     sample_ids: tuple
@@ -126,7 +135,7 @@ def pack_positions_labels(token_arrays: list[np.ndarray], ignore_index: int = IG
 @dataclass
 class _Pending:
     index: int
-    samples: list  # list of (sample_id, tokens ndarray, mask)
+    samples: list  # list of (sample_id, tokens ndarray, mask or {layer kind: mask})
     spec: BatchSpec
     key: bytes
     bdigest: bytes
@@ -153,6 +162,8 @@ class DCPLoader:
         check_masks: evaluate each sample's mask on its length up front (rejects bad masks early).
         worker: ``WorkerConfig`` of the planner (process / inline, start method, timeouts).
         device: where the batch tensors go (None: CPU).
+        layer_kinds: ``{kind name: LayerKind}`` of a model whose layers differ (None: one kind, plain
+            ``BatchSpec`` and ``Plan``); batches are then layered and planned into ``LayeredPlan``s.
     """
 
     def __init__(self, samples: Iterable, cluster: Cluster, planner_config: PlannerConfig, token_budget: int,
@@ -160,7 +171,7 @@ class DCPLoader:
                  rank: int | None = None, world_size: int | None = None, group=None, lookahead: int = 1,
                  cache_size: int = 64, on_reject: str = "skip", drop_last: bool = False,
                  ignore_index: int = IGNORE_INDEX, check_masks: bool = True, worker: WorkerConfig | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, layer_kinds: dict | None = None):
         dist_on = dist.is_available() and dist.is_initialized()
         self.rank = int(rank if rank is not None else (dist.get_rank(group) if dist_on else 0))
         self.world_size = int(world_size if world_size is not None else (dist.get_world_size(group) if dist_on
@@ -180,6 +191,7 @@ class DCPLoader:
         if on_reject not in ("skip", "raise"):
             raise InvalidConfigError(f"on_reject must be 'skip' or 'raise', got {on_reject!r}")
         BatchSpec([1], CausalMask(), num_heads, num_kv_heads, head_dim, dtype)  # validates the geometry
+        self.layer_kinds = check_layer_kinds(layer_kinds)
         self.samples, self.cluster, self.planner_config = samples, cluster, planner_config
         self.token_budget, self.lookahead, self.on_reject = token_budget, lookahead, on_reject
         self.heads = (num_heads, num_kv_heads, head_dim, dtype)
@@ -252,6 +264,13 @@ class DCPLoader:
                 validate_ranges(mask.kv_ranges(length), length)
             except Exception as err:  # noqa: BLE001
                 return self._reject(sid, length, f"its mask fails on this length: {type(err).__name__}: {err}")
+        if self.layer_kinds:
+            try:
+                mask = {k: mask if lk.window is None else windowed_mask(mask, length, lk.window, self.heads[0])
+                        for k, lk in self.layer_kinds.items()}
+            except Exception as err:  # noqa: BLE001
+                return self._reject(sid, length, f"its mask fails on a sliding-window layer kind: "
+                                                 f"{type(err).__name__}: {err}")
         return sid, arr.astype(np.int64, copy=False), mask
 
     def _batches(self) -> Iterator[list]:
@@ -275,7 +294,12 @@ class DCPLoader:
 
     def _new_pending(self, index: int, samples: list, inflight: dict) -> _Pending:
         nh, nkv, hd, dt = self.heads
-        spec = BatchSpec([len(t) for _, t, _ in samples], [m for _, _, m in samples], nh, nkv, hd, dt)
+        lengths, masks = [len(t) for _, t, _ in samples], [m for _, _, m in samples]
+        if self.layer_kinds:
+            spec = BatchSpec(lengths, {k: [m[k] for m in masks] for k in self.layer_kinds}, nh, nkv, hd, dt,
+                             layers={k: lk.count for k, lk in self.layer_kinds.items()})
+        else:
+            spec = BatchSpec(lengths, masks, nh, nkv, hd, dt)
         key = plan_key(spec, self.cluster, self.planner_config, self._fingerprint)
         p = _Pending(index, samples, spec, key, batch_digest(spec))
         if self._is_src():
@@ -334,12 +358,15 @@ class DCPLoader:
     # ------------------------------------------------------------------------------------ batches
     def _make_batch(self, p: _Pending, entry: CachedPlan, waited: float, planning_s: float, hit: bool) -> DCPBatch:
         plan = entry.plan
-        if plan.spec.seqlens != p.spec.seqlens or plan.n_devices != self.world_size:
-            from dcp.integration.broadcast import PlanMismatchError
+        from dcp.integration.broadcast import PlanMismatchError
 
+        if plan.spec.seqlens != p.spec.seqlens or plan.n_devices != self.world_size:
             raise PlanMismatchError(f"batch {p.index}: the plan is for lengths {plan.spec.seqlens[:8]}... on "
                                     f"{plan.n_devices} devices, the batch has {p.spec.seqlens[:8]}... on "
                                     f"{self.world_size}")
+        if plan.spec.kinds != p.spec.kinds:
+            raise PlanMismatchError(f"batch {p.index}: the plan has layer kinds {list(plan.spec.kinds)}, the batch "
+                                    f"{list(p.spec.kinds)}")
         tokens, positions, labels = pack_positions_labels([t for _, t, _ in p.samples], self.ignore_index)
         idx = plan.local_token_index(self.rank)
 
@@ -426,4 +453,5 @@ class DCPLoader:
                 "planned": len(planned), "cache": self.cache.stats(), "rejected": len(self.rejected)}
 
 
-__all__ = ["DCPLoader", "DCPBatch", "Sample", "SampleRejectedError", "pack_positions_labels", "IGNORE_INDEX"]
+__all__ = ["DCPLoader", "DCPBatch", "Sample", "SampleRejectedError", "LayerKind", "windowed_mask",
+           "pack_positions_labels", "IGNORE_INDEX"]

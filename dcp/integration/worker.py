@@ -2,7 +2,8 @@
 
 ``PlanWorker`` owns one worker process (multiprocessing context "spawn" by default, so no CUDA or thread
 state of the trainer is inherited). Jobs travel as ``BatchSpec.describe()`` dicts; answers come back as
-``Plan.to_bytes()``. The trainer never blocks without a limit: ``result`` polls the answer queue every
+``Plan.to_bytes()`` (``LayeredPlan.to_bytes()`` for a layered batch; ``cache.CachedPlan.from_bytes`` reads either).
+The trainer never blocks without a limit: ``result`` polls the answer queue every
 ``poll_s`` seconds, checks that the worker is alive, and raises
 
 - ``PlanningError`` when the planner raised in the worker (its type and message are kept),
@@ -59,7 +60,8 @@ class PlanningTimeoutError(PlanningError):
 
 
 def plan_description(description: dict, cluster: Cluster, config: PlannerConfig) -> bytes:
-    """The default job: ``dcp.plan(BatchSpec.from_description(description), cluster, config).to_bytes()``."""
+    """The default job: ``dcp.plan(BatchSpec.from_description(description), cluster, config).to_bytes()`` (a
+    ``LayeredPlan``'s bytes for a batch with layer kinds)."""
     from dcp.planner.dcp_planner import plan
 
     # silent: the loader reports how long a step waited for its plan (``DCPBatch.waited_s``)

@@ -40,6 +40,10 @@ class LayeredPlan:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """``InvalidPlanError`` unless the kinds' plans agree (``check_layered``)."""
         check_layered(self.spec, self.plans)
 
     @property

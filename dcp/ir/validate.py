@@ -47,16 +47,15 @@ _OUTPUTS = {"forward": ((Kind.O, 0),), "backward": ((Kind.DQ, 0), (Kind.DKV, 1))
 def validate(plan: Plan) -> None:
     """Raise ``PlanValidationError`` listing the first problems found; return None for a valid plan. A
     ``dcp.ir.layered.LayeredPlan`` is valid when every kind's plan is and they share the tokens' homes."""
-    from dcp.ir.layered import LayeredPlan, check_layered
-
-    if isinstance(plan, LayeredPlan):
+    kind_plans = getattr(plan, "plans", None)  # a LayeredPlan (not imported: it stands on this module)
+    if kind_plans is not None:
         from dcp.errors import InvalidPlanError, PlanValidationError
 
         try:
-            check_layered(plan.spec, plan.plans)
+            plan.check()
         except InvalidPlanError as err:
             raise PlanValidationError(str(err)) from None
-        for kind, p in zip(plan.kinds, plan.plans):
+        for kind, p in zip(plan.kinds, kind_plans):
             try:
                 validate(p)
             except PlanValidationError as err:
