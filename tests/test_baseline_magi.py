@@ -236,6 +236,8 @@ def test_chunks_per_rank():
                                      MagiPlanner(chunks_per_rank=4), MagiDynamicPlanner(16, 1, 1.05)],
                          ids=lambda p: p.label())
 def test_schedule_variants_are_the_planner_at_other_degrees(planner):
+    """Variants: every (degree, hierarchical) of VARIANT_DEGREES and the own degree, x both hierarchical
+    settings where the planner has that knob and the cluster several nodes, but the planner's own."""
     import dataclasses
 
     from dcp.baselines.magi import VARIANT_DEGREES
@@ -245,10 +247,13 @@ def test_schedule_variants_are_the_planner_at_other_degrees(planner):
     cluster = dcp.Cluster(2, 2)
     parts = planner.static_parts(spec, cluster)
     variants = planner.schedule_variants(spec, cluster, parts)
-    degrees = [d for d in VARIANT_DEGREES if d != planner.degree]
-    assert len(variants) == len(degrees) > 0
-    for degree, var in zip(degrees, variants):
-        same = dataclasses.replace(planner, degree=degree).static_parts(spec, cluster)
+    hier = getattr(planner, "hierarchical", None)
+    settings = [(h, d) for h in ((hier, not hier) if hier is not None else (None,))
+                for d in dict.fromkeys((planner.degree, *VARIANT_DEGREES)) if (h, d) != (hier, planner.degree)]
+    assert len(variants) == len(settings) > 0
+    for (h, degree), var in zip(settings, variants):
+        changes = dict(degree=degree) if h is None else dict(degree=degree, hierarchical=h)
+        same = dataclasses.replace(planner, **changes).static_parts(spec, cluster)
         assert np.array_equal(var.home, parts.home) and np.array_equal(var.tile_device, parts.tile_device)
         assert np.array_equal(var.tile_stage, same.tile_stage)
         assert _rows(var.routes.inputs) == _rows(same.routes.inputs)

@@ -252,15 +252,20 @@ class SolvedPlanner(Planner):
         return None
 
     def schedule_variants(self, spec: BatchSpec, cluster: Cluster, parts: StaticParts) -> tuple[StaticParts, ...]:
-        """``parts`` restaged at the other overlap degrees of ``VARIANT_DEGREES`` (placement unchanged)."""
+        """``parts`` restaged at the other overlap degrees of ``VARIANT_DEGREES`` and, on several nodes, with
+        the other ``hierarchical`` setting of a planner that has one (placement unchanged; both are schedule
+        knobs): the planner at ``(degree, hierarchical)`` for every such pair but its own, own setting first."""
+        own = self._dedup_gpus(cluster)
+        flips = cluster.nodes > 1 and isinstance(getattr(self, "hierarchical", None), bool)
+        dedups = (own, None if own else cluster.gpus_per_node) if flips else (own,)
         out = []
-        for degree in VARIANT_DEGREES:
-            if degree == self.degree:
-                continue
-            stage, routes = staged_schedule(parts.layout, parts.tiles, parts.home, parts.tile_device,
-                                            self._stage_key(parts.layout, parts.tiles), degree,
-                                            self._dedup_gpus(cluster))
-            out.append(parts._replace(tile_stage=stage, routes=routes))
+        for dedup in dedups:
+            for degree in dict.fromkeys((self.degree, *VARIANT_DEGREES)):
+                if (degree, dedup) == (self.degree, own):
+                    continue
+                stage, routes = staged_schedule(parts.layout, parts.tiles, parts.home, parts.tile_device,
+                                                self._stage_key(parts.layout, parts.tiles), degree, dedup)
+                out.append(parts._replace(tile_stage=stage, routes=routes))
         return tuple(out)
 
 

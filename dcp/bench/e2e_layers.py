@@ -19,9 +19,10 @@ Rows per (dataset, max_len):
   (the layer kinds without the joint placement search);
 - ``best_tuned``: every static baseline of ``dcp.baselines`` at every point of its tuning grid (taken on
   the full mask), each kind planned by the baseline for that kind's masks, scored by the iteration above;
-  the best ``tune_top`` points by the estimate plus the default are simulated, the fastest wins. A
-  baseline whose placement depends on the mask (Magi's dispatch) gets each kind's own placement, which
-  no real run could have (tokens have one home); ``homes_agree`` says whether they agreed.
+  the best ``tune_top`` points by the estimate plus the default are simulated, the fastest wins. Tokens
+  have one home in every layer: a baseline whose placement depends on the mask (Magi's dispatch) places
+  them by the full mask, and its windowed layers run on that placement, tiles on the query's home and
+  only keys moving (Magi's rule), scheduled by dcp (``homes_agree`` False marks such a point).
 
 Output: ``e2e_layers_<profile><tag>.csv``.
 """
@@ -141,8 +142,11 @@ def _on_placement(plan, kind_spec, cluster: Cluster, config):
                     cand.forward.routes, "dcp", time.perf_counter(), backward=cand.backward)
 
 
-def _best_tuned(spec, cluster: Cluster, m: GptOssConfig, cost, token_s: float, top: int):
-    """(label, per-kind plans, homes agree) of the fastest static baseline point, or None."""
+def _best_tuned(spec, cluster: Cluster, m: GptOssConfig, cost, token_s: float, top: int, config):
+    """(label, per-kind results, whether the baseline's own kinds' placements agreed) of the fastest static
+    baseline point, or None. A point whose placement depends on the mask (Magi's dispatch) places the tokens
+    by the full mask, as a user dispatching once would; its windowed layers then run on that placement
+    (their tiles on the query's home, only keys moving: Magi's rule), scheduled by dcp."""
     from dcp.baselines import BASELINES
     from dcp.bench.common import BASELINE_NAMES
     from dcp.bench.tuned import _estimate_s, label
@@ -170,8 +174,11 @@ def _best_tuned(spec, cluster: Cluster, m: GptOssConfig, cost, token_s: float, t
         chosen = points[:top] + [p for p in points[top:] if p[1] == 0]
         for _, _, point, parts in chosen:
             plans = {k: assemble_static(specs[k], cluster, p, point.name, time.perf_counter()) for k, p in parts.items()}
-            got = _iteration(plans, m, cost, token_s)
             agree = all(np.array_equal(plans["full"].token_device(), p.token_device()) for p in plans.values())
+            if not agree:  # tokens have one home in every layer: the full layers' placement
+                plans = {k: p if k == "full" else _on_placement(plans["full"], specs[k], cluster, config)
+                         for k, p in plans.items()}
+            got = _iteration(plans, m, cost, token_s)
             if best is None or got["iteration_s"] < best[1]["iteration_s"]:
                 best = (label(point), got, agree)
     return best
@@ -209,7 +216,7 @@ def run_e2e_layers(cfg: E2ELayersConfig) -> list[dict]:
         cell_rows = [_row(cell, "dcp_full_only", full_only, planning_time_s=round(full_s, 3),
                           chosen=full.meta.get("search_chosen", "")),
                      _row(cell, "dcp_full_placement", on_full, chosen=full.meta.get("search_chosen", ""))]
-        tuned = _best_tuned(spec, cluster, m, cost, token_s, cfg.tune_top) if cfg.tuned else None
+        tuned = _best_tuned(spec, cluster, m, cost, token_s, cfg.tune_top, config) if cfg.tuned else None
         if tuned is not None:
             cell_rows.append(_row(cell, "best_tuned", tuned[1], chosen=tuned[0], homes_agree=tuned[2]))
         it = ours["iteration_s"]
