@@ -123,6 +123,11 @@ def _add_batch_args(p: argparse.ArgumentParser, dataset_default="ldc") -> None:
                           "file (without it: every batch)")
     m = p.add_argument_group("mask and heads")
     add_mask_args(m)
+    m.add_argument("--sliding-window", type=int, default=None, metavar="W",
+                   help="a model whose layers differ: its window layers see the last W keys (itself included) "
+                        "through --mask; dcp plans one placement for both kinds (a dcp.LayeredPlan)")
+    m.add_argument("--layer-counts", default=None, metavar="FULL,SLIDING",
+                   help="with --sliding-window: how many full and window layers the model has (default 1,1)")
     m.add_argument("--heads", type=int, default=8, help="query heads")
     m.add_argument("--kv-heads", type=int, default=2, help="key/value heads (GQA: must divide --heads)")
     m.add_argument("--head-dim", type=int, default=128, help="size of one head")
@@ -184,7 +189,23 @@ def _config(args) -> PlannerConfig:
 def _spec(args, lengths: np.ndarray | None = None) -> BatchSpec:
     if lengths is None:
         lengths = _lengths_from_args(args)[0][1]
-    return BatchSpec(lengths, _mask_from_args(args), args.heads, args.kv_heads, args.head_dim, args.dtype)
+    mask = _mask_from_args(args)
+    window = getattr(args, "sliding_window", None)
+    counts = getattr(args, "layer_counts", None)
+    if window is None:
+        if counts is not None:
+            raise DcpError("--layer-counts counts the full and window layers of --sliding-window: give both")
+        return BatchSpec(lengths, mask, args.heads, args.kv_heads, args.head_dim, args.dtype)
+    from dcp.integration.layer_kinds import LayerKind, windowed_mask
+
+    try:
+        full, sliding = (int(x) for x in (counts or "1,1").split(","))
+        LayerKind(full), LayerKind(sliding, window)
+    except ValueError as err:
+        raise DcpError(f"--layer-counts FULL,SLIDING (positive ints) with --sliding-window W >= 1: {err}") from None
+    windowed = [windowed_mask(mask, int(n), window, args.heads) for n in lengths]
+    return BatchSpec(lengths, {"full": mask, "sliding": windowed}, args.heads, args.kv_heads, args.head_dim,
+                     args.dtype, layers={"full": full, "sliding": sliding})
 
 
 def cmd_plan(args) -> int:

@@ -201,3 +201,21 @@ def test_windowed_layers_move_a_fraction_of_the_full_layers_bytes(plan):
     assert set(np.cumsum(full.layout.tb_len).tolist()) <= set(np.cumsum(sliding.layout.tb_len).tolist())
     st = plan.stats()
     assert 0 < st["sliding"].comm_bytes_total <= st["full"].comm_bytes_total / 4
+
+
+def test_cli_plans_a_model_with_window_layers(tmp_path, capsys):
+    from dcp.cli import main
+
+    out = tmp_path / "plan.bin"
+    assert main(["plan", "--lengths", "3000,800,200", "--sliding-window", "64", "--layer-counts", "3,9", "--nodes",
+                 "1", "--gpus-per-node", "4", "--block-size", "256", "--planner", "all", "--json", "--output",
+                 str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    dcp_rows = {r["layer_kind"]: r for r in rows if r["planner"].startswith("dcp[")}
+    assert set(dcp_rows) == {"full", "sliding"} and dcp_rows["sliding"]["layers"] == 9
+    assert all("speedup_vs_best_baseline" in r for r in dcp_rows.values())
+    assert {r["planner"] for r in rows} >= {"zigzag[full]", "zigzag[sliding]"}
+    back = LayeredPlan.from_bytes(out.read_bytes())
+    assert back.spec.layers == (3, 9) and back.kind("sliding").spec.masks[0] == SlidingWindowMask(64)
+    assert main(["plan", "--lengths", "3000", "--layer-counts", "3,9"]) != 0
+    assert "--layer-counts counts the full and window layers" in capsys.readouterr().err

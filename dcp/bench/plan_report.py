@@ -42,12 +42,15 @@ def simulate_fields(plan: Plan, cost: CostModel, trace: str | None = None) -> di
 def add_speedups(rows: list[dict]) -> None:
     """On dcp's rows: ``best_baseline`` (the fastest static planner by simulated forward + backward) and
     ``speedup_vs_best_baseline`` (its time over dcp's; > 1: dcp is faster)."""
-    bases = [r for r in rows if r["planner"] not in DCP_PLANNERS and "sim_fwd_bwd_ms" in r]
+    def ours(r) -> bool:
+        return r["planner"].split("[")[0] in DCP_PLANNERS  # "dcp[sliding]": a layer kind's row
+
+    bases = [r for r in rows if not ours(r) and "sim_fwd_bwd_ms" in r]
     if not bases:
         return
     best = min(bases, key=lambda r: r["sim_fwd_bwd_ms"])
     for r in rows:
-        if r["planner"] in DCP_PLANNERS and r.get("sim_fwd_bwd_ms"):
+        if ours(r) and r.get("sim_fwd_bwd_ms"):
             r["best_baseline"] = best["planner"]
             r["speedup_vs_best_baseline"] = round(best["sim_fwd_bwd_ms"] / r["sim_fwd_bwd_ms"], 4)
 
@@ -152,36 +155,60 @@ def plan_rows(index: int, spec: BatchSpec, cluster: Cluster, config: PlannerConf
         with progress(label), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                plan = make_planner(name, config).plan(spec, cluster)
+                whole, kinds = _plan_kinds(make_planner(name, config), spec, cluster)
             except InvalidConfigError as err:
                 if len(names) == 1:
                     raise
                 print(f"{name}: not applicable to this batch and cluster ({err})", file=sys.stderr)
                 continue
-        stats = plan.stats()
-        row = {"batch_index": index, **stats.to_dict()}
-        row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=spec.masks[0].name,
-                   block_size=config.block_size if name == "dcp" else None,
-                   warnings=[str(w.message) for w in caught] + list(stats.warnings), notes=list(plan.notes))
-        first = not rows
-        trace = batch_path(args.trace, index, several) if args.trace and first else None
-        with progress(f"simulating {name}'s plan"):
-            row.update(simulate_fields(plan, config.cost_model, trace))
-        search = search_fields(plan)
-        if search is not None:
-            row.update(search=search, why=explain(name, search))
-        rows.append(row)
-        if trace:
-            print(f"wrote {trace}: {name}'s simulated forward and backward as a Chrome trace (open it in "
-                  f"ui.perfetto.dev or chrome://tracing)", file=files)
-        if args.output and first:
-            path = batch_path(args.output, index, several)
-            blob = plan.to_bytes()
-            Path(path).write_bytes(blob)
-            print(f"wrote {path}: {name}'s plan ({len(blob):,} bytes; dcp.Plan.from_bytes reads it)",
-                  file=files)
-    add_speedups(rows)
+        for kind, plan in kinds.items():
+            rows.append(_row(index, spec, config, name, kind, plan, [str(w.message) for w in caught], args,
+                             several, not rows, files, whole))
+    for kind in dict.fromkeys(r.get("layer_kind") for r in rows):
+        add_speedups([r for r in rows if r.get("layer_kind") == kind])
     return rows
+
+
+def _plan_kinds(planner, spec: BatchSpec, cluster: Cluster) -> tuple[object, dict]:
+    """(what ``args.output`` gets, ``{layer kind or None: Plan}``): a layered batch planned by dcp gives its
+    ``LayeredPlan`` and its kinds; a static planner plans each kind on its own (its kinds' homes may then
+    differ, which no model could run: the report is for comparison)."""
+    if not spec.layered:
+        plan = planner.plan(spec, cluster)
+        return plan, {None: plan}
+    if getattr(planner, "name", "") == "dcp":
+        plan = planner.plan(spec, cluster)
+        return plan, {k: plan.kind(k) for k in spec.kinds}
+    kinds = {k: planner.plan(spec.for_kind(k), cluster) for k in spec.kinds}
+    return kinds[spec.kinds[0]], kinds
+
+
+def _row(index: int, spec: BatchSpec, config: PlannerConfig, name: str, kind, plan: Plan, caught: list, args,
+         several: bool, first: bool, files, whole) -> dict:
+    """One plan's report row (a layer kind's plan: ``layer_kind``, ``layers``)."""
+    stats = plan.stats()
+    row = {"batch_index": index, **stats.to_dict()}
+    if kind is not None:
+        row.update(planner=f"{name}[{kind}]", layer_kind=kind, layers=spec.layers[spec.kinds.index(kind)])
+    row.update(num_seqs=spec.num_seqs, total_tokens=spec.total_tokens, mask=plan.spec.masks[0].name,
+               block_size=config.block_size if name == "dcp" else None,
+               warnings=caught + list(stats.warnings), notes=list(plan.notes))
+    trace = batch_path(args.trace, index, several) if args.trace and first else None
+    with progress(f"simulating {row['planner']}'s plan"):
+        row.update(simulate_fields(plan, config.cost_model, trace))
+    search = search_fields(plan)
+    if search is not None:
+        row.update(search=search, why=explain(name, search))
+    if trace:
+        print(f"wrote {trace}: {row['planner']}'s simulated forward and backward as a Chrome trace (open it "
+              f"in ui.perfetto.dev or chrome://tracing)", file=files)
+    if args.output and first:
+        path = batch_path(args.output, index, several)
+        blob = whole.to_bytes()
+        Path(path).write_bytes(blob)
+        reader = "dcp.LayeredPlan.from_bytes" if spec.layered and name == "dcp" else "dcp.Plan.from_bytes"
+        print(f"wrote {path}: {name}'s plan ({len(blob):,} bytes; {reader} reads it)", file=files)
+    return row
 
 
 def print_batch(rows: list[dict], spec: BatchSpec, cluster: Cluster, index: int, count: int,
@@ -195,6 +222,7 @@ def print_batch(rows: list[dict], spec: BatchSpec, cluster: Cluster, index: int,
         print(f"(sim_*_ms: SIMULATED time of one attention layer, dcp.sim under cost-model profile "
               f"'{rows[0]['profile']}' - what dcp minimizes; the profile's constants are assumptions, not "
               f"measurements. Every other column is exact.)", file=out)
+    _print_steps(rows, spec, out)
     for r in rows:
         if "speedup_vs_best_baseline" in r:
             best = next(b for b in rows if b["planner"] == r["best_baseline"])
@@ -207,6 +235,22 @@ def print_batch(rows: list[dict], spec: BatchSpec, cluster: Cluster, index: int,
             print(f"note ({r['planner']}): {note}", file=out)
         for w in r["warnings"]:
             print(f"warning ({r['planner']}): {w}", file=out)
+
+
+def _print_steps(rows: list[dict], spec: BatchSpec, out: TextIO) -> None:
+    """A layered batch: every planner's attention time per step, Σ kinds × layers × forward + backward."""
+    if not spec.layered:
+        return
+    steps: dict[str, float] = {}
+    for r in rows:
+        if "layer_kind" in r and "sim_fwd_bwd_ms" in r:
+            name = r["planner"].split("[")[0]
+            steps[name] = steps.get(name, 0.0) + r["layers"] * r["sim_fwd_bwd_ms"]
+    layers = " + ".join(f"{n} {k}" for k, n in zip(spec.kinds, spec.layers))
+    print(f"attention per step ({layers} layers, simulated): " +
+          ", ".join(f"{name} {ms:.2f} ms" for name, ms in steps.items()) +
+          " (static planners plan each kind alone: their kinds' homes may differ, which no model can run)",
+          file=out)
 
 
 def plan_batches(specs: Sequence[tuple[int, BatchSpec]], cluster: Cluster, config: PlannerConfig,
