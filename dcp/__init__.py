@@ -16,8 +16,8 @@ hypergraph backend) → ``schedule`` (stages, rounds, programs) → ``ir`` (the 
 from dcp.cluster import Cluster
 from dcp.config import PlannerConfig, SearchConfig
 from dcp.errors import (DcpError, ExecutionError, InvalidBatchError, InvalidClusterError, InvalidConfigError,
-                        InvalidMaskError, InvalidPlanError, MemoryBudgetError, PartitionerError, PlanMismatchError, PlanValidationError,
-                        SerializationError, TooFewBlocksError)
+                        InvalidMaskError, InvalidPlanError, MemoryBudgetError, PartitionerError, PlanMismatchError,
+                        PlanValidationError, SerializationError, TooFewBlocksError)
 from dcp.ir.layered import LayeredPlan
 from dcp.ir.plan import Plan
 from dcp.ir.validate import validate

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from _dense import assert_matches_dense, dense_case
 
 import dcp
-from _dense import assert_matches_dense, dense_case
 from dcp.baselines.magi import MagiPlanner, min_heap_dispatch, remote_groups
 from dcp.baselines.magi_dynamic import MagiDynamicPlanner
 from dcp.errors import InvalidConfigError

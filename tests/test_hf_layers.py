@@ -23,8 +23,9 @@ from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
 import dcp
 from dcp.errors import InvalidMaskError
-from dcp.integration import DCPLoader, LayerKind, Sample, SampleRejectedError, WorkerConfig, windowed_mask
+from dcp.integration import DCPLoader, LayerKind, Sample, SampleRejectedError, WorkerConfig
 from dcp.integration import hf as dcp_hf
+from dcp.integration import windowed_mask
 from dcp.ir.layered import LayeredPlan
 from dcp.masks import CausalBlockwiseMask, CausalMask, FullMask, LambdaMask, RangesMask, SlidingWindowMask
 

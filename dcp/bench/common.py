@@ -303,3 +303,21 @@ def e2e_cost_model(profile: str, gpus_per_node: int, physical_gpus_per_node: int
     p = cm.profile
     scaled = dataclasses.replace(p, nic_gbps_per_node=p.nic_gbps_per_node * gpus_per_node / physical_gpus_per_node)
     return CostModel(scaled)
+
+
+@dataclasses.dataclass(frozen=True)
+class E2ESetting:
+    """What every end-to-end simulation shares (``dcp.bench.e2e``, ``dcp.bench.e2e_layers``): the data-parallel
+    group as ``Cluster(nodes, gpus_per_node)`` of TP groups (``physical_gpus_per_node`` GPUs share a node's
+    NIC, ``e2e_cost_model``), the cost profile, the non-attention layers' MFU, the batch seed, dcp's options
+    and whether (and how deep) the baselines are tuned."""
+
+    nodes: int = 8
+    gpus_per_node: int = 2
+    physical_gpus_per_node: int = 8
+    profile: str = "a100"
+    mfu: float = 0.6
+    seed: int = 0
+    dcp: DcpOptions = DcpOptions()
+    tuned: bool = True
+    tune_top: int = 2

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dcp.bench.common import (DEFAULT_OUT, DcpOptions, add_dcp_args, config_fields, dcp_config, e2e_cost_model,
+from dcp.bench.common import (DEFAULT_OUT, E2ESetting, add_dcp_args, config_fields, dcp_config, e2e_cost_model,
                               fmt_table, git_revision, machine, options_from_args, parse_list, plan_quietly, progress,
                               write_csv)
 from dcp.cluster import Cluster
@@ -126,21 +126,12 @@ def greedy_groups(lens, n_groups: int) -> list[list[int]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class E2EConfig:
+class E2EConfig(E2ESetting):
     datasets: tuple[str, ...] = DATASETS
     max_lens: tuple[int, ...] = MAX_LENS
     masks: tuple[str, ...] = MASKS
     cp_sizes: tuple[int, ...] = CP_SIZES
     model: ModelConfig = ModelConfig()
-    nodes: int = 8
-    gpus_per_node: int = 2
-    physical_gpus_per_node: int = 8
-    profile: str = "a100"
-    mfu: float = 0.6
-    seed: int = 0
-    dcp: DcpOptions = DcpOptions()
-    tuned: bool = True
-    tune_top: int = 2
 
     @property
     def n_devices(self) -> int:

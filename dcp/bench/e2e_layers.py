@@ -34,8 +34,8 @@ import warnings
 
 import numpy as np
 
-from dcp.bench.common import (DcpOptions, config_fields, dcp_config, e2e_cost_model, git_revision, machine, plan_quietly,
-                              progress, write_csv)
+from dcp.bench.common import (E2ESetting, config_fields, dcp_config, e2e_cost_model, git_revision, machine,
+                              plan_quietly, progress, write_csv)
 from dcp.cluster import Cluster
 
 MAX_LENS = (16384, 32768, 65536, 131072)
@@ -77,19 +77,10 @@ class GptOssConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class E2ELayersConfig:
+class E2ELayersConfig(E2ESetting):
     datasets: tuple[str, ...] = DATASETS
     max_lens: tuple[int, ...] = MAX_LENS
     model: GptOssConfig = GptOssConfig()
-    nodes: int = 8
-    gpus_per_node: int = 2
-    physical_gpus_per_node: int = 8
-    profile: str = "a100"
-    mfu: float = 0.6
-    seed: int = 0
-    dcp: DcpOptions = DcpOptions()
-    tuned: bool = True
-    tune_top: int = 2
 
 
 def layered_spec(lens, m: GptOssConfig):
