@@ -104,9 +104,12 @@ class TrainResult:
 def plan_crossing(plan: dcp.Plan) -> dict:
     """What a step's plan moves between ranks: ``split_sequences`` (sequences whose tokens live on several
     ranks) and ``moved_bytes`` (forward + backward); distributed tests assert both are non-zero somewhere,
-    so that a parity check is not one whose plans kept every sequence whole on one rank."""
+    so that a parity check is not one whose plans kept every sequence whole on one rank. A ``LayeredPlan``
+    (a model with layer kinds): the most split sequences of any kind, and the bytes of all kinds."""
     stats = plan.stats()
-    return {"split_sequences": stats.split_sequences, "moved_bytes": stats.comm_bytes_total}
+    kinds = list(stats.values()) if isinstance(stats, dict) else [stats]
+    return {"split_sequences": max(s.split_sequences for s in kinds),
+            "moved_bytes": sum(s.comm_bytes_total for s in kinds)}
 
 
 def build_mask(cfg: TrainConfig):

@@ -22,6 +22,7 @@ Data: ``experiments.train_gpt.synthetic_samples`` (phrase chains, half with a re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -42,7 +43,9 @@ from dcp.integration import hf as dcp_hf  # noqa: E402
 from experiments.train_gpt import (SMALL_MASK_DEFAULTS, Progress, TrainConfig, TrainResult,  # noqa: E402
                                    broadcast_parameters, finish, plan_crossing, run_torchrun, share_cores, synthetic_samples)
 
-FAMILIES = ("llama", "qwen2")
+FAMILIES = ("llama", "qwen2", "gpt_oss", "gemma3", "stablelm")
+#: families whose layers alternate sliding-window and full attention (dcp plans them with layer kinds)
+LAYERED = {"gpt_oss": 16, "gemma3": 16}  # family -> sliding window
 ATTENTIONS = ("dcp", "sdpa", "eager")
 
 
@@ -82,7 +85,9 @@ class HFTrainConfig:
 # --------------------------------------------------------------------------------------------- model, data
 def model_config(cfg: HFTrainConfig):
     """A small transformers config of ``cfg.family``: Llama (untied head, no biases) or Qwen2 (q/k/v biases,
-    tied embeddings), both RoPE + GQA + SwiGLU + RMSNorm."""
+    tied embeddings), both RoPE + GQA + SwiGLU + RMSNorm; gpt-oss (alternating sliding-window and full layers,
+    sinks, mixture of experts) and Gemma 3 (sliding and full layers), planned with layer kinds; StableLM,
+    whose decoder layers do not hand the plan down (``dcp_hf.plan_context`` gives it)."""
     from transformers import LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
@@ -92,6 +97,23 @@ def model_config(cfg: HFTrainConfig):
         return LlamaConfig(**common, tie_word_embeddings=False)
     if cfg.family == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
+    from transformers import Gemma3TextConfig, GptOssConfig, StableLmConfig
+
+    types = ["sliding_attention", "full_attention"] * (cfg.layers // 2) + ["sliding_attention"] * (cfg.layers % 2)
+    head_dim = cfg.hidden // cfg.heads
+    if cfg.family == "gpt_oss":  # alternating 16-token window and full layers, attention sinks, 4 experts
+        common.pop("intermediate_size")
+        return GptOssConfig(**common, intermediate_size=cfg.intermediate // 4, head_dim=head_dim, num_local_experts=4,
+                            num_experts_per_tok=2, sliding_window=LAYERED["gpt_oss"], layer_types=types,
+                            tie_word_embeddings=False,
+                            rope_parameters={"rope_type": "yarn", "factor": common["max_position_embeddings"] / 512,
+                                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                             "original_max_position_embeddings": 512, "rope_theta": 10000.0})
+    if cfg.family == "gemma3":
+        return Gemma3TextConfig(**common, head_dim=head_dim, sliding_window=LAYERED["gemma3"], layer_types=types,
+                                query_pre_attn_scalar=head_dim)
+    if cfg.family == "stablelm":  # its decoder layers drop **kwargs: the plan arrives by dcp_hf.plan_context
+        return StableLmConfig(**common)
     raise SystemExit(f"--family must be one of {FAMILIES}, got {cfg.family!r}")
 
 
@@ -135,6 +157,10 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
 
     if cfg.attn not in ATTENTIONS or (cfg.attn != "dcp" and world_size > 1):
         raise SystemExit(f"--attn must be one of {ATTENTIONS}; sdpa/eager (the reference) run on one process")
+    if cfg.attn != "dcp" and cfg.family == "gpt_oss":
+        # transformers' gpt-oss builds its masks without position_ids: packed sequences would see each other
+        raise SystemExit("--family gpt_oss runs with --attn dcp only (transformers' own gpt-oss attention does not "
+                         "separate packed sequences; tests/test_hf_layers.py checks it against dense dcp masks)")
     device = device or torch.device("cpu")
     share_cores(cfg.threads, world_size)
     dtype = getattr(torch, cfg.dtype)
@@ -159,9 +185,10 @@ def train(cfg: HFTrainConfig, rank: int = 0, world_size: int = 1, group=None,
         for step in range(cfg.steps):
             batch = next(batches)
             inputs = dcp_hf.model_inputs(batch) if cfg.attn == "dcp" else reference_inputs(batch, dtype)
-            loss = model(**inputs).loss
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            with dcp_hf.plan_context(batch.plan) if cfg.attn == "dcp" else contextlib.nullcontext():
+                loss = model(**inputs).loss
+                loss.backward()
             dcp_hf.sum_gradients(model, group)
             total = loss.detach().clone()
             if world_size > 1:

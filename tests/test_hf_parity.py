@@ -1,7 +1,8 @@
 """transformers models trained with dcp attention on 4 gloo processes == transformers' own attention on 1.
 
-Two model families nobody here wrote (transformers' Llama and Qwen2, built from small configs, random init)
-train for 5 steps on the same packed batches, twice each:
+Model families nobody here wrote (transformers' Llama, Qwen2, StableLM, whose decoder layers do not hand the
+plan down, and Gemma 3, alternating sliding-window and full layers, planned with layer kinds; built from
+small configs, random init) train for 5 steps on the same packed batches, twice each:
 - dcp: 4 processes, each running the unmodified model on its home tokens with ``attn_implementation="dcp"``
   and the plan broadcast by ``DCPLoader``; losses and gradients summed over ranks;
 - reference: 1 process, the batch packed by transformers' ``DataCollatorWithFlattening`` and run through
@@ -31,6 +32,10 @@ CASES = {  # name -> (dcp config, the reference's attention)
     "qwen2-causal": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2"}), "sdpa"),
     "llama-sparse": (HFTrainConfig(**{**BASE.__dict__, "family": "llama", "masks": SPARSE}), "eager"),
     "qwen2-sparse": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2", "masks": SPARSE}), "eager"),
+    # its decoder layers do not hand the plan down: train_hf passes it by dcp_hf.plan_context
+    "stablelm-causal": (HFTrainConfig(**{**BASE.__dict__, "family": "stablelm"}), "sdpa"),
+    # alternating 16-token-window and full layers: a LayeredPlan per batch
+    "gemma3-layered": (HFTrainConfig(**{**BASE.__dict__, "family": "gemma3"}), "sdpa"),
     "qwen2-idle-ranks": (HFTrainConfig(**{**BASE.__dict__, "family": "qwen2", "tokens_per_batch": 40, "min_len": 40,
                                           "length_scale": 0.001, "epsilon_memory": 10.0}), "sdpa"),
 }
