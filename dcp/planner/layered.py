@@ -10,12 +10,13 @@ of the device with the most tokens once per layer (``SearchConfig.token_time_s``
 2. when the other kinds take at least ``JOINT_SHARE`` of the lead's own choice's step time, packings
    that balance every sequence's layer-weighted time over all kinds join them (a placement balanced for
    the full layers leaves the windowed layers' work, which follows the tokens, uneven);
-3. each of the ``LAYERED_POOL`` best candidates within the memory budget (by the heaviest kind's step
-   time), every joint packing, and the candidate holding the fewest tokens on its busiest device, is
-   scheduled for every other kind with every token on the same home (its blocks cut where a query block
-   elsewhere needs only part of one, ``kind_layout``; a tile runs on its q block's home) and scored by
-   the estimate; of those whose every kind keeps transient buffers within
-   the budget, the few estimated fastest are simulated (every kind) and the fastest simulated one wins.
+3. the lead's choice, its ``LAYERED_POOL`` best candidates within the memory budget (``LIGHT_POOL`` when
+   the other kinds weigh less than ``JOINT_SHARE``), every joint packing, and the candidate holding the
+   fewest tokens on its busiest device, are scheduled for every other kind with every token on the same
+   home (its blocks cut where a query block elsewhere needs only part of one, ``kind_layout``; a tile runs
+   on its q block's home) and scored by the estimate; the best two (one when light) are rescheduled at
+   every stage count; of those whose every kind keeps transient buffers within the budget, the few
+   estimated fastest are simulated (every kind) and the fastest simulated one wins.
 
 Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
 """
@@ -37,9 +38,12 @@ from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
 from dcp.sim import simulate_both
 from dcp.spec import BatchSpec
 
-#: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind
+#: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
+#: ``LIGHT_POOL`` when the other kinds weigh less than ``JOINT_SHARE`` of the lead's step
 LAYERED_POOL = 6
-#: the best scored placements whose other kinds are rescheduled at every stage count of the search
+LIGHT_POOL = 3
+#: the best scored placements whose other kinds are rescheduled at every stage count of the search (1 when
+#: the other kinds weigh less than ``JOINT_SHARE``)
 WIDEN_TOP = 2
 #: compute tolerances of the packings balancing every kind's layers together
 JOINT_EPSILONS = (0.05, 0.2)
@@ -68,17 +72,19 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     lead_spec = spec.for_kind(lead)
     search = planner.search(lead_spec, cluster)
     specs = {k: spec.for_kind(k) for k in spec.kinds}
-    pool = _pool(search, cfg)
-    scored = [_score(c, lead, specs, spec, cluster, planner) for c in pool]
-    # the other kinds' share of the lead's own choice: when they weigh little, a placement balancing all
-    # kinds together is the lead's own (packing them costs planning time for nothing)
-    own = scored[pool.index(search.best)]
+    own = _score(search.best, lead, specs, spec, cluster, planner)
+    # the other kinds' share of the lead's own choice: when they weigh little, placements other than the
+    # lead's best few rarely win, and one balancing all kinds together is the lead's own (scoring more would
+    # cost planning time for nothing)
     others = sum(n * c.time_s for k, n, c in zip(spec.kinds, spec.layers, own.per_kind) if k != lead)
-    if others >= JOINT_SHARE * own.step_s:
-        joint = _joint_packings(search, cfg, planner, specs, spec, cluster, lead, pool)
+    heavy = others >= JOINT_SHARE * own.step_s
+    pool = [c for c in _pool(search, cfg, LAYERED_POOL if heavy else LIGHT_POOL) if c is not search.best]
+    scored = [own] + [_score(c, lead, specs, spec, cluster, planner) for c in pool]
+    if heavy:
+        joint = _joint_packings(search, cfg, planner, specs, spec, cluster, lead, [search.best] + pool)
         scored += [_score(c, lead, specs, spec, cluster, planner) for c in joint]
     scored.sort(key=lambda s: s.step_s)
-    scored = _widen_top(scored, lead, specs, spec, cluster, planner)
+    scored = _widen_top(scored, lead, specs, spec, cluster, planner, WIDEN_TOP if heavy else 1)
     chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg, search.memo)
     plans = []
     for k, cand in zip(spec.kinds, chosen.per_kind):
@@ -94,12 +100,13 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     return LayeredPlan(spec, plans, planner.name, elapsed, meta)
 
 
-def _pool(search, cfg) -> list[Candidate]:
-    """The lead kind's placements scored for every kind (module docstring, steps 1 and 3)."""
+def _pool(search, cfg, size: int) -> list[Candidate]:
+    """The lead kind's placements scored for every kind (module docstring, steps 1 and 3): its ``size`` best
+    within the memory budget, its choice, and the one holding the fewest tokens."""
     token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
     fits, _ = within_tokens(search.cands, search.budget)
     ranked = sorted(fits, key=lambda c: c.step_s(token_s))
-    pool = ranked[:LAYERED_POOL]
+    pool = ranked[:size]
     if search.best not in pool:
         pool.insert(0, search.best)
     fewest = min(fits, key=lambda c: (c.max_tokens, c.step_s(token_s)))
@@ -196,8 +203,8 @@ def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cl
 
 
 def _widen_top(scored: list[Scored], lead: str, specs: dict, spec: BatchSpec, cluster: Cluster,
-               planner) -> list[Scored]:
-    """The ``WIDEN_TOP`` best scored placements with every other kind's schedules the fastest over all the
+               planner, top: int) -> list[Scored]:
+    """The ``top`` best scored placements with every other kind's schedules the fastest over all the
     search's stage counts (``dcp.planner.candidates.widen``; the lead kind's were widened by its search),
     re-sorted."""
     cfg = planner.config
@@ -205,7 +212,7 @@ def _widen_top(scored: list[Scored], lead: str, specs: dict, spec: BatchSpec, cl
         return scored
     token_s = cfg.search.token_time_s
     out = list(scored)
-    for i, s in enumerate(scored[:WIDEN_TOP]):
+    for i, s in enumerate(scored[:top]):
         per_kind = tuple(c if k == lead else widen(c, specs[k], cluster, cfg.cost_model, cfg.search.stage_counts,
                                                    cfg.two_phase) for k, c in zip(spec.kinds, s.per_kind))
         step = sum(n * c.time_s for n, c in zip(spec.layers, per_kind)) + sum(spec.layers) * token_s * \
