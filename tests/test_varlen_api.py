@@ -131,6 +131,30 @@ def test_one_process_is_flash_varlen_forward_backward_lse_and_plans_once():
     assert plan.spec.seqlens == (90, 33, 7) and cache.stats()["hits"] == after["hits"] + 1
 
 
+def test_sinks_are_gpt_oss_attention_sinks_with_their_gradient():
+    import dcp
+    from _dense import dense_attention_with_sinks
+
+    lens = (90, 33, 7)
+    cu = torch.tensor(_cu(lens), dtype=torch.int32)
+    q, k, v, do = _inputs(int(cu[-1]), 3, hq=4, hkv=2)
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    o, lse = dcp.varlen_attention(*leaves[:3], cu, causal=True, window_size=(12, 0), return_lse=True,
+                                  config=_config(), sinks=leaves[3])
+    o.backward(do)
+    ref = [x.clone().requires_grad_() for x in (q, k, v, sinks)]
+    spec = dcp.BatchSpec(list(lens), dcp.masks.SlidingWindowMask(13), 4, 2, q.shape[2], "float64")
+    o_ref, lse_ref = dense_attention_with_sinks(*ref[:3], spec, ref[3])
+    o_ref.backward(do)
+    errs = _errs({"o": o.detach(), "lse": lse, **{n: x.grad for n, x in zip(("q", "k", "v", "sinks"), leaves)}},
+                 {"o": o_ref.detach(), "lse": lse_ref.detach(),
+                  **{n: x.grad for n, x in zip(("q", "k", "v", "sinks"), ref)}})
+    assert max(errs.values()) < TOL and float(leaves[3].grad.abs().min()) > 0, errs
+    with pytest.raises(dcp.ExecutionError, match="sinks must have shape"):
+        dcp.varlen_attention(q, k, v, cu, causal=True, config=_config(), sinks=torch.zeros(3, dtype=torch.float64))
+
+
 def test_plan_once_per_shape_counts_planner_calls(monkeypatch):
     import dcp
     from dcp.integration import varlen as V

@@ -380,7 +380,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      return_lse: bool = False, max_seqlen: int | None = None, dropout_p: float = 0.0,
                      softcap: float = 0.0, alibi_slopes=None, plan: Plan | None = None, group=None,
                      cluster: Cluster | None = None, config: PlannerConfig | None = None,
-                     cache: PlanCache | None = None, kernels=None, timeout: float | None = None):
+                     cache: PlanCache | None = None, kernels=None, timeout: float | None = None,
+                     sinks: torch.Tensor | None = None):
     """Attention of a packed variable-length batch, distributed by a dcp plan; flash-attn's varlen call.
 
     Args:
@@ -399,6 +400,9 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         group: process group (None: the default one; without torch.distributed: one process).
         cluster, config, cache: as ``varlen_plan`` (when ``plan`` is None): the same as there.
         kernels, timeout: ``dcp.attention``'s (kernel backend; seconds to wait for a peer's transfer).
+        sinks: ``[Hq]`` attention-sink logits (gpt-oss style: a zero-value key in every row's softmax),
+            differentiable; the returned lse includes them; each rank's gradient covers its own rows (sum it
+            over the ranks, as for any replicated parameter). See ``dcp.execute.autograd``.
     Returns ``o [n_local, Hq, D]`` in q's dtype (and ``lse`` with ``return_lse``); differentiable in q, k, v
     (the backward runs the plan's backward program). Bad arguments raise ``InvalidBatchError``,
     ``InvalidMaskError``, ``InvalidClusterError`` or ``InvalidConfigError``: those of ``cu_seqlens``,
@@ -428,7 +432,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                 f"{spec.total_tokens}-token batch: pass its home rows, dcp.dispatch(plan, {rank}, "
                                 f"x_thd) (the whole batch when there is one rank)")
     return attention(q, k, v, plan, group, kernels=kernels, timeout=timeout, scale=softmax_scale,
-                     return_lse=return_lse)
+                     return_lse=return_lse, sinks=sinks)
 
 
 __all__ = ["varlen_attention", "varlen_plan", "varlen_spec", "varlen_digests", "mask_from_flash", "seqlens_from_cu",
