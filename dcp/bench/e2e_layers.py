@@ -93,12 +93,13 @@ def layered_spec(lens, m: GptOssConfig):
 
 def _iteration(kind_plans: dict, m: GptOssConfig, cost, token_s: float) -> dict:
     """Per kind simulated attention, the non-attention time of its busiest device, and the iteration (s)."""
+    from dcp.planner.budget import device_tokens
     from dcp.sim import simulate_both
 
     out, total = {}, 0.0
     for kind, plan in kind_plans.items():
         fwd, bwd = simulate_both(plan, cost, record_events=False)
-        tokens = float(np.bincount(plan.home, weights=plan.layout.tb_len, minlength=plan.n_devices).max())
+        tokens = float(device_tokens(plan, plan.n_devices).max())
         other = token_s * tokens
         out[kind] = (fwd.makespan_s, bwd.makespan_s, other, int(tokens))
         total += m.kind_layers[kind] * (fwd.makespan_s + bwd.makespan_s + other)

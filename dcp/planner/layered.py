@@ -32,10 +32,9 @@ from dcp.cluster import Cluster
 from dcp.ir.layered import LayeredPlan
 from dcp.layout.blocks import BlockLayout, make_layout, uniform_layout
 from dcp.layout.tiles import enumerate_tiles
-from dcp.planner.budget import SIMULATE_WITHIN, candidate_programs, pick, within_tokens
+from dcp.planner.budget import SIMULATE_WITHIN, _simulated_step_s, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
-from dcp.sim import simulate_both
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
@@ -57,6 +56,21 @@ class Scored:
 
     per_kind: tuple[Candidate, ...]
     step_s: float
+
+
+def _token_s(cfg) -> float:
+    """Seconds of non-attention work per home token per layer that the score adds (time objective only)."""
+    return cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+
+
+def _step_s(per_kind, spec: BatchSpec, cfg) -> float:
+    """The layer-weighted score of a placement's per-kind candidates: Σ layers × (fwd + bwd) plus every
+    layer's token work on the device with the most tokens (the same on every kind: homes agree); the bytes
+    objective: Σ layers × bytes moved."""
+    if cfg.search.objective == "bytes":
+        return float(sum(n * c.comm_bytes for n, c in zip(spec.layers, per_kind)))
+    return float(sum(n * c.time_s for n, c in zip(spec.layers, per_kind))
+                 + sum(spec.layers) * _token_s(cfg) * per_kind[0].max_tokens)
 
 
 def heaviest_kind(spec: BatchSpec) -> str:
@@ -92,7 +106,7 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
                                                        notes=(), warm_names=(), skipped=())
         plans.append(planner.assemble(specs[k], cluster, cand, own, started, memory_notes))
     elapsed = time.perf_counter() - started
-    plans = tuple(dataclasses.replace(p, planning_time_s=elapsed, meta=p.meta) for p in plans)
+    plans = tuple(dataclasses.replace(p, planning_time_s=elapsed) for p in plans)
     meta = {"layered_lead_kind": lead, "layered_chosen": chosen.per_kind[0].label,
             "est_step_ms": round(chosen.step_s * 1e3, 5),
             "layered_candidates": json.dumps({s.per_kind[0].label: round(s.step_s * 1e3, 4) for s in scored},
@@ -103,7 +117,7 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
 def _pool(search, cfg, size: int) -> list[Candidate]:
     """The lead kind's placements scored for every kind (module docstring, steps 1 and 3): its ``size`` best
     within the memory budget, its choice, and the one holding the fewest tokens."""
-    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    token_s = _token_s(cfg)
     fits, _ = within_tokens(search.cands, search.budget)
     ranked = sorted(fits, key=lambda c: c.step_s(token_s))
     pool = ranked[:size]
@@ -118,7 +132,7 @@ def _pool(search, cfg, size: int) -> list[Candidate]:
 def _joint_packings(search, cfg, planner, specs: dict, spec: BatchSpec, cluster: Cluster, lead: str,
                     pool: list[Candidate]) -> list[Candidate]:
     """Packings balancing every sequence's layer-weighted time over all kinds (module docstring, step 2)."""
-    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    token_s = _token_s(cfg)
     lead_spec = specs[lead]
     total_layers = sum(spec.layers)
     # each sequence's attention time per layer, averaged over the layers (and its tokens' own work)
@@ -194,12 +208,7 @@ def _score(cand: Candidate, lead: str, specs: dict, spec: BatchSpec, cluster: Cl
         tiles = enumerate_tiles(specs[k], layout)
         per_kind.append(evaluate(cand.label, specs[k], cluster, layout, tiles, home, home[tiles.q_tb],
                                  cfg.cost_model, planner._stage_counts(), cfg.two_phase, cand.notes))
-    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
-    if cfg.search.objective == "bytes":
-        step = sum(n * c.comm_bytes for n, c in zip(spec.layers, per_kind))
-    else:
-        step = sum(n * c.time_s for n, c in zip(spec.layers, per_kind)) + sum(spec.layers) * token_s * cand.max_tokens
-    return Scored(tuple(per_kind), float(step))
+    return Scored(tuple(per_kind), _step_s(per_kind, spec, cfg))
 
 
 def _widen_top(scored: list[Scored], lead: str, specs: dict, spec: BatchSpec, cluster: Cluster,
@@ -210,14 +219,11 @@ def _widen_top(scored: list[Scored], lead: str, specs: dict, spec: BatchSpec, cl
     cfg = planner.config
     if cfg.search.objective != "time":
         return scored
-    token_s = cfg.search.token_time_s
     out = list(scored)
     for i, s in enumerate(scored[:top]):
         per_kind = tuple(c if k == lead else widen(c, specs[k], cluster, cfg.cost_model, cfg.search.stage_counts,
                                                    cfg.two_phase) for k, c in zip(spec.kinds, s.per_kind))
-        step = sum(n * c.time_s for n, c in zip(spec.layers, per_kind)) + sum(spec.layers) * token_s * \
-            per_kind[0].max_tokens
-        out[i] = Scored(per_kind, float(step))
+        out[i] = Scored(per_kind, _step_s(per_kind, spec, cfg))
     return sorted(out, key=lambda s: s.step_s)
 
 
@@ -226,8 +232,7 @@ def _simulated_s(cand: Candidate, kind_spec: BatchSpec, cluster: Cluster, cost, 
     got = memo.get(id(cand))
     if got is not None and got[1] is not None and got[2] is cand:
         return got[1]
-    fwd, bwd = simulate_both(candidate_programs(cand, kind_spec, cluster), cost, record_events=False)
-    sim = fwd.makespan_s + bwd.makespan_s + token_s * cand.max_tokens
+    sim = _simulated_step_s(candidate_programs(cand, kind_spec, cluster), cand, cost, token_s)
     peak = got[0] if got is not None and got[2] is cand else None
     if peak is not None:
         memo[id(cand)] = (peak, sim, cand)
@@ -242,7 +247,7 @@ def _within_transient(scored: list[Scored], budget, specs: dict, spec: BatchSpec
     for one kind. When none fits, the fastest stands, with the notes saying where it is over."""
     first_notes: tuple[str, ...] | None = None
     top = cfg.search.simulate_top if cfg.search.objective == "time" else 0
-    token_s = cfg.search.token_time_s if cfg.search.objective == "time" else 0.0
+    token_s = _token_s(cfg)
     fits: list[tuple[float, int, Scored]] = []
     for i, s in enumerate(scored):
         close = i < top and s.step_s <= scored[0].step_s * (1 + SIMULATE_WITHIN)
