@@ -411,8 +411,8 @@ void check_mat(const Tensor& t, const char* fn, const char* name, int64_t rows) 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int64_t> simulate_streams(
     const Tensor& ptr, const Tensor& step_dev, const Tensor& flow_ptr, const Tensor& step_flows,
     const Tensor& pending, const Tensor& comp, const Tensor& red, const Tensor& f_step, const Tensor& f_res,
-    const Tensor& f_bytes, const Tensor& cap, const Tensor& clock0, const Tensor& reduce0, double latency,
-    double round_over) {
+    const Tensor& f_bytes, const Tensor& cap, const Tensor& clock0, const Tensor& reduce0, const Tensor& host,
+    const Tensor& host0, double latency, double round_over) {
   const char* fn = "dcp._C.simulate_streams";
   const int64_t n_dev = clock0.numel(), n_steps = step_dev.numel(), n_flows = f_bytes.numel(),
                 n_res = cap.numel();
@@ -430,6 +430,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int64
   check_vec(cap, fn, "cap", n_res, at::kDouble);
   check_vec(clock0, fn, "clock0", n_dev, at::kDouble);
   check_vec(reduce0, fn, "reduce0", n_dev, at::kDouble);
+  TORCH_CHECK(host.dim() == 2 && host.size(0) == n_steps && host.size(1) == 4 && host.scalar_type() == at::kDouble &&
+                  host.is_contiguous(),
+              fn, ": host must be a contiguous float64 [n_steps, 4] tensor, got ", host.sizes());
+  check_vec(host0, fn, "host0", n_dev, at::kDouble);
+  check_cpu(host, fn, "host");
   TORCH_CHECK(flow_ptr[n_steps].item<int64_t>() == step_flows.numel(), fn, ": flow_ptr must end at the ",
               step_flows.numel(), " entries of step_flows");
   const auto dopt = at::TensorOptions().dtype(at::kDouble);
@@ -456,6 +461,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, int64
   p.cap = cap.data_ptr<double>();
   p.clock0 = clock0.data_ptr<double>();
   p.reduce0 = reduce0.data_ptr<double>();
+  p.host = host.data_ptr<double>();
+  p.host0 = host0.data_ptr<double>();
   p.latency = latency;
   p.round_over = round_over;
   p.clock = clock.data_ptr<double>();
@@ -514,7 +521,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "n_blocks, ranges, range_ptr, seq_r) -> (q_block, kv_block, unmasked, area, sub_n, sub_wq, "
         "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.layout.pieces)");
   m.def("simulate_streams", &simulate_streams, "(ptr, step_dev, flow_ptr, step_flows, pending, comp, red, "
-        "f_step, f_res, f_bytes, cap, clock0, reduce0, latency, round_over) -> (clock, compute_s, reduce_s, "
+        "f_step, f_res, f_bytes, cap, clock0, reduce0, host, host0, latency, round_over) -> (clock, compute_s, reduce_s, "
         "wait_s, f_start, f_end, blocked, pos, n_rate_updates): the simulator's event loop (dcp.sim.streams)");
   m.def("max_min_fill", &max_min_fill, "(res [n, width] int64 (-1 padding), cap, small) -> rate: max-min fair "
         "rates by the simulator's progressive filling (small: dcp.sim.flows._max_min_small)");

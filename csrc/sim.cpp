@@ -208,6 +208,7 @@ class Sim {
       p.pos[d] = p.ptr[d];
     }
     since_.assign(p.n_dev, 0.0);
+    host_.assign(p.host0, p.host0 + p.n_dev);
     std::fill(p.f_start, p.f_start + p.n_flows, std::nan(""));
     std::fill(p.f_end, p.f_end + p.n_flows, std::nan(""));
     for (int64_t d = 0; d < p.n_dev; ++d) advance(d);
@@ -247,18 +248,27 @@ class Sim {
     SimParams& p = p_;
     int64_t k = p.pos[d];
     const int64_t end = p.ptr[d + 1];
-    double t = p.clock[d];
+    double t = p.clock[d], h = host_[d];
     while (k < end) {
       const int64_t a = p.flow_ptr[k], b = p.flow_ptr[k + 1];
+      const double* hs = p.host + 4 * k;
       if (b > a) {
         t += p.round_over;
-        post(a, b, t);
+        h += hs[0];
+        post(a, b, h > t ? h : t);
       }
       const double c = p.comp[k];
       if (c > 0) {
+        h += hs[1];
+        if (h > t) t = h;
         p.compute_s[d] += c;
         t += c;
       }
+      if (b > a) {
+        h += hs[2];
+        if (h > t) t = h;
+      }
+      host_[d] = h;
       if (pending_[k] > 0) {
         p.blocked[d] = k;
         since_[d] = t;
@@ -267,6 +277,7 @@ class Sim {
         return;
       }
       t = merge(d, k, t);
+      h = host_[d];
       ++k;
     }
     p.pos[d] = k;
@@ -276,6 +287,9 @@ class Sim {
   double merge(int64_t d, int64_t k, double t) {
     const double r = p_.red[k];
     if (r <= 0) return t;
+    const double h = host_[d] + p_.host[4 * k + 3];
+    host_[d] = h;
+    if (h > t) t = h;
     p_.reduce_s[d] += r;
     return t + r;
   }
@@ -516,7 +530,7 @@ class Sim {
   std::vector<Fin> heap_;
   std::vector<Start> starts_;
   std::vector<int64_t> pending_, f_posted_;
-  std::vector<double> f_post_, since_;
+  std::vector<double> f_post_, since_, host_;
   std::vector<int64_t> roots_, flows_;
   std::vector<const int64_t*> rows_;
   std::vector<double> new_;

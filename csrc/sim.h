@@ -27,6 +27,8 @@ struct SimParams {
   const double* cap = nullptr;          // [n_res] bytes/s of each resource (inf: unlimited)
   const double* clock0 = nullptr;       // [n_dev] when each stream starts (program overhead + delta)
   const double* reduce0 = nullptr;      // [n_dev] reduce time already spent (the delta)
+  const double* host = nullptr;         // [n_steps, 4] host seconds per step: post, compute, wait, merges
+  const double* host0 = nullptr;        // [n_dev] host seconds before a device's first step
   double latency = 0.0, round_over = 0.0;
   // outputs
   double* clock = nullptr;              // [n_dev] when each stream ended

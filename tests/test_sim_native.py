@@ -144,7 +144,8 @@ def test_native_tables_are_checked():
                             torch.zeros(1, dtype=torch.double), torch.zeros(1, dtype=torch.double),
                             torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long),
                             torch.zeros(0, dtype=torch.long), torch.ones(2, dtype=torch.double),
-                            torch.zeros(1, dtype=torch.double), torch.zeros(1, dtype=torch.double), 0.0, 0.0)
+                            torch.zeros(1, dtype=torch.double), torch.zeros(1, dtype=torch.double),
+                            torch.zeros(1, 4, dtype=torch.double), torch.zeros(1, dtype=torch.double), 0.0, 0.0)
 
 
 # ----------------------------------------------------------------------------------------- the fill alone

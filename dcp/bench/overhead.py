@@ -44,9 +44,11 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from dcp.bench.common import DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git_revision, machine, write_csv
+from dcp.bench.common import (DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git_revision, machine, read_csv,
+                              write_csv)
 
 ITEMS = ("setup", "launch", "wait", "compute", "reduce", "finish")
 KINDS = ("launch", "wait", "compute", "reduce")
@@ -54,6 +56,8 @@ TARGET_STEP_US = 1000.0
 TARGET_INSTRUCTION_US = 15.0
 TARGET_PREPARE_US = 30000.0
 CSV_NAME = "overhead_cpu.csv"
+DEVICES_CSV_NAME = "overhead_devices_cpu.csv"
+FIT_NAME = "host_fit_cpu.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +104,20 @@ def case_plan(case: OverheadCase):
 
 def ir_counts(plan, direction: str, device: int) -> dict[str, int]:
     """The plan's instructions of each kind on ``device`` (its canonical stream, ``dcp.ir.program``; of the
-    plan the executors run: a grouped plan's expansion over its pieces)."""
+    plan the executors run: a grouped plan's expansion over its pieces), and what the simulator's host model
+    counts (``GPUProfile.host_*``): ``moving_rounds`` (rounds in which the device sends or receives) and
+    ``messages`` (per round, the peers it sends to plus the peers it receives from)."""
     from dcp.execute.tables import plan_tables
+    from dcp.ir.program import DST, SRC
 
-    counts = dict.fromkeys(KINDS, 0)
+    counts = dict.fromkeys(KINDS + ("moving_rounds", "messages"), 0)
     for op in plan_tables(plan).plan.index(direction).stream(device):
         counts[op[0]] += 1
+        if op[0] == "launch":
+            sends, recvs = op[2], op[3]
+            peers = np.unique(sends[:, DST]).size + np.unique(recvs[:, SRC]).size
+            counts["messages"] += peers
+            counts["moving_rounds"] += peers > 0
     return counts
 
 
@@ -216,7 +228,7 @@ def measure(plan, repeats: int = 5, prepare_repeats: int = 3, devices=None) -> d
         homes = {dr: meta_home(plan, d, dr, dtype) for dr in ("forward", "backward")}
         for direction in ("forward", "backward"):
             c = ir_counts(plan, direction, d)
-            for k in KINDS:
+            for k in c:
                 counts.setdefault((direction, k), []).append(c[k])
             time_step(plan, direction, d, homes[direction], kernels, scale)  # warm: prepared, first step
             per_op, total = [], []
@@ -292,7 +304,22 @@ def rows_of(case: OverheadCase, plan, got: dict, repeats: int) -> list[dict]:
     return rows
 
 
-def run_overhead(cases=CASES, repeats: int = 5, prepare_repeats: int = 3, log=print) -> list[dict]:
+def device_rows(case: OverheadCase, got: dict) -> list[dict]:
+    """One row per (direction, device): the instruction counts and each item's CPU microseconds (the
+    per-device data ``dcp.bench.host_fit`` fits the profiles' host costs to)."""
+    rows = []
+    for direction in ("forward", "backward"):
+        for i, d in enumerate(got["devices"]):
+            row = dict(case=case.name, direction=direction, device=d)
+            row.update({f"n_{k}": got["counts"][(direction, k)][i] for k in KINDS + ("moving_rounds", "messages")})
+            row.update({f"{item}_us": round(got["times"][(direction, item)][i][0] * 1e6, 2) for item in ITEMS})
+            rows.append(row)
+    return rows
+
+
+def run_overhead(cases=CASES, repeats: int = 5, prepare_repeats: int = 3, log=print,
+                 per_device: list | None = None) -> list[dict]:
+    """The summary rows of every case; ``per_device``: a list that receives ``device_rows`` of each case."""
     rows = []
     for case in cases:
         t0 = time.perf_counter()
@@ -301,6 +328,9 @@ def run_overhead(cases=CASES, repeats: int = 5, prepare_repeats: int = 3, log=pr
             f"{plan.layout.n_token_blocks} token blocks); timing ...")
         got = measure(plan, repeats, prepare_repeats)
         rows += rows_of(case, plan, got, repeats)
+        if per_device is not None:
+            per_device += [dict(r, **{k: rows[-1][k] for k in ("load_avg_1m", "torch", "machine", "revision")})
+                           for r in device_rows(case, got)]
         log(f"[overhead] {case.name}: done in {time.perf_counter() - t0:.1f} s")
     return rows
 
@@ -320,13 +350,19 @@ def add_parser(sub) -> None:
     p.add_argument("--prepare-repeats", type=int, default=3, help="cold preparations per device (median)")
     p.add_argument("--quick", action="store_true", help="one small batch on 4 devices (seconds)")
     p.add_argument("--out-dir", default=str(DEFAULT_OUT),
-                   help="where overhead_cpu.csv goes (the committed results: --out-dir benchmarks/results)")
+                   help="where overhead_cpu.csv, overhead_devices_cpu.csv and host_fit_cpu.json go (the committed "
+                        "results: --out-dir benchmarks/results)")
+    p.add_argument("--fit", metavar="DEVICES_CSV", default=None,
+                   help="measure nothing: fit the profiles' host_* costs to a per-device CSV of an earlier run "
+                        "(dcp.bench.host_fit) and write host_fit_cpu.json to --out-dir")
     p.set_defaults(func=cmd_overhead)
 
 
 def cmd_overhead(args) -> int:
     import sys
 
+    if args.fit:
+        return _write_fit(read_csv(args.fit), Path(args.out_dir), args.fit)
     if args.quick:
         cases, repeats, prep = (QUICK_CASE,), min(args.repeats, 2), min(args.prepare_repeats, 1)
     else:
@@ -341,15 +377,47 @@ def cmd_overhead(args) -> int:
         print("--repeats and --prepare-repeats must be >= 1", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    rows = run_overhead(cases, repeats, prep, log=lambda m: print(m, file=sys.stderr, flush=True))
+    per_device: list = []
+    rows = run_overhead(cases, repeats, prep, log=lambda m: print(m, file=sys.stderr, flush=True),
+                        per_device=per_device)
     path = write_csv(Path(args.out_dir) / CSV_NAME, rows)
     print(f"wrote {path}")
+    dev_path = write_csv(Path(args.out_dir) / DEVICES_CSV_NAME, per_device)
+    print(f"wrote {dev_path}")
+    _write_fit(per_device, Path(args.out_dir), str(dev_path))
     print("\nexecutor host time per device (meta tensors, no-op kernels/merges/transport; us = microseconds of "
           "this thread's CPU time, wall_us = wall clock)")
     print(fmt_table(rows, TABLE_COLUMNS))
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"\noverhead: {time.perf_counter() - started:.0f} s on {machine()}, load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+def _write_fit(rows: list[dict], out_dir: Path, source: str) -> int:
+    """Fit ``GPUProfile.host_*`` to per-device rows, print it and write ``host_fit_cpu.json``."""
+    import json
+    import sys
+
+    from dcp.bench.host_fit import fit_host_costs
+
+    try:
+        fit = fit_host_costs(rows)
+    except ValueError as err:
+        print(f"cannot fit host costs: {err}", file=sys.stderr)
+        return 2
+    first = rows[0]
+    fit.update(source=source, cases=sorted({r["case"] for r in rows}), machine=first.get("machine", ""),
+               revision=first.get("revision", ""), load_avg_1m=first.get("load_avg_1m", ""),
+               time_measure="thread CPU time, meta tensors, no-op kernels and transport")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / FIT_NAME
+    path.write_text(json.dumps(fit, indent=2) + "\n")
+    print(f"host costs fitted over {fit['devices']} devices (GPUProfile.host_*, microseconds): "
+          + ", ".join(f"{k}={v}" for k, v in fit["fields"].items()))
+    print("relative error of the fit (median / worst): " + ", ".join(
+        f"{k} {q['median_rel_error']}/{q['worst_rel_error']}" for k, q in fit["quality"].items()))
+    print(f"wrote {path}")
     return 0
 
 

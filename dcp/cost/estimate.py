@@ -74,6 +74,7 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
     n_rounds = int(tr[:, 5].max()) if tr.size else 0
     # merges per (receiver, round, unit): one memory-bound kernel over (2 + sources) units
     red = np.zeros((n, n_rounds + 1))
+    n_merges = np.zeros((n, n_rounds + 1))
     if outs.size:
         o = outs[keep]
         okind = kinds[-1]
@@ -82,6 +83,7 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         uk, first, cnt = np.unique(ukey, return_index=True, return_counts=True)
         ub = per_token[okind[first]] * layout.tb_len[o[first, 1]]
         np.add.at(red, (o[first, 4], o[first, 5]), cost.memory_bound_s((2 + cnt) * ub))
+        np.add.at(n_merges, (o[first, 4], o[first, 5]), 1)
     # flows: one per (round, src, dst)
     if tr.size:
         fkey = (tr[:, 5] * n + tr[:, 3]) * n + tr[:, 4]
@@ -90,22 +92,33 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         f_round, f_src, f_dst = fk // (n * n), fk // n % n, fk % n
         local = f_src == f_dst
     t = np.full(n, p.program_overhead_us * 1e-6)
+    hc = cost.host_s()
+    host = np.full(n, hc.program)  # when each device's host has issued its last instruction (GPUProfile.host_*)
     if direction == "backward":
         tokens = np.bincount(home, weights=layout.tb_len, minlength=n)
         per_tok = spec.num_heads * (2 * spec.head_dim * spec.element_bytes + LSE_BYTES)
-        t = t + np.where(tokens > 0, cost.memory_bound_s(tokens * per_tok), 0.0)
+        has = tokens > 0
+        host = host + np.where(has, hc.compute, 0.0)
+        t = t + np.where(has, host + cost.memory_bound_s(tokens * per_tok), 0.0)
     round_over = p.round_overhead_us * 1e-6
     per_nic, n_nics, nic = cost.nic_layout(gpn, cluster.nodes)
     port, lat = p.nvlink_gbps * 1e9, p.link_latency_us * 1e-6
     for r in range(1, max(n_rounds, n_stages) + 1):
-        if round_over and r <= n_rounds:
+        msgs = np.zeros(n)
+        if r <= n_rounds:
             sel = np.flatnonzero(f_round == r)
-            busy = np.zeros(n, dtype=bool)
-            busy[f_src[sel]] = busy[f_dst[sel]] = True
+            msgs = np.bincount(f_src[sel], minlength=n) + np.bincount(f_dst[sel[~local[sel]]], minlength=n)
+        busy = msgs > 0
+        if round_over:
             t = t + round_over * busy
-        post = t.copy()
+        host = host + np.where(busy, hc.launch + hc.message * msgs, 0.0)
+        post = np.maximum(t, host)
         if r - 1 < n_stages:
-            t = t + comp[:, r - 1]
+            c = comp[:, r - 1]
+            host = host + np.where(c > 0, hc.compute, 0.0)
+            t = np.where(c > 0, np.maximum(t, host) + c, t)
+        host = host + np.where(busy, hc.wait, 0.0)
+        t = np.where(busy, np.maximum(t, host), t)
         if r <= n_rounds:
             sel = np.flatnonzero(f_round == r)
             if sel.size:
@@ -124,5 +137,7 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
                 np.maximum.at(done, src, fin)
                 np.maximum.at(done, dst, fin)
                 t = np.maximum(t, done)  # both ends wait for every flow of the round
-            t = t + red[:, r]
+            m = n_merges[:, r] > 0
+            host = host + hc.reduce * n_merges[:, r]
+            t = np.where(m, np.maximum(t, host), t) + red[:, r]
     return t

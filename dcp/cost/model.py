@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, fields
+from typing import NamedTuple
 from importlib import resources
 
 import numpy as np
@@ -50,10 +51,37 @@ class GPUProfile:
     of a call runs at its merged q and kv extents (a fused varlen launch on a GPU, whatever the tiling);
     "q_block" -- each q token block's tiles run as one segment, at that block's rows and the keys its
     tiles cover together (the native CPU kernel, which walks the tile table segment by segment)."""
+    host_program_us: float = 0.0
+    """Host time of the executor per program run before its first instruction is issued (set-up and
+    finishing the previous one: ``dcp bench overhead``'s setup + finish). The ``host_*`` fields model an
+    asynchronous device (a GPU): its host issues the instructions in program order, each costing the
+    host this much, never waiting for the device; an instruction cannot start on the device before the
+    host has issued it, so a host slower than the device's work leaves the device idle. 0 (the default):
+    the host is never the bottleneck. Host-side executors (the CPU) charge their host work on the
+    device's own stream instead (``round_overhead_us``, ``program_overhead_us``)."""
+    host_launch_us: float = 0.0
+    """host time per ``CommLaunch`` in which the device sends or receives (posting the round)."""
+    host_message_us: float = 0.0
+    """host time per message of a launch (one per peer and round, as the simulator coalesces flows:
+    packing and posting it), charged with the launch."""
+    host_wait_us: float = 0.0
+    """host time per ``CommWait`` of a round with transfers (the wait and unpacking what arrived)."""
+    host_compute_us: float = 0.0
+    """host time per ``Compute`` (tables, argument checks, the kernel launch)."""
+    host_reduce_us: float = 0.0
+    """host time per ``Reduce`` (merged unit); a round's merges are issued together, then run."""
     nics_per_node: int | None = None
     """NICs a node's inter-node bandwidth is split over, each reached only by its own GPUs (GPU g of a
     node uses NIC ``g // ceil(gpus_per_node / nics_per_node)``; p4d: 4 NICs, 2 GPUs each); None: one pool
     of ``nic_gbps_per_node`` that any GPU of the node can use whole."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            if f.name.startswith("host_"):
+                v = getattr(self, f.name)
+                if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+                    raise InvalidConfigError(f"GPU profile {self.name!r}: {f.name} must be a finite number >= 0 "
+                                             f"(microseconds), got {v!r}")
 
 
 def available_profiles() -> list[str]:
@@ -262,3 +290,24 @@ class CostModel:
         p = self.profile
         over = p.kernel_overhead_us if p.memory_overhead_us is None else p.memory_overhead_us
         return over * 1e-6 + np.asarray(nbytes, float) / (p.hbm_gbps * 1e9)
+
+    def host_s(self) -> "HostCosts":
+        """The profile's ``host_*`` fields in seconds."""
+        p = self.profile
+        return HostCosts(*(x * 1e-6 for x in (p.host_program_us, p.host_launch_us, p.host_message_us,
+                                               p.host_wait_us, p.host_compute_us, p.host_reduce_us)))
+
+
+class HostCosts(NamedTuple):
+    """Seconds of host time per program, launch, message, wait, compute and reduce (``GPUProfile.host_*``)."""
+
+    program: float
+    launch: float
+    message: float
+    wait: float
+    compute: float
+    reduce: float
+
+    @property
+    def any(self) -> bool:
+        return any(x > 0 for x in self)

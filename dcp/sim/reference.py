@@ -99,6 +99,10 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     merge_cache: dict[int, float] = {}
 
     round_over = prof.round_overhead_us * 1e-6
+    # an asynchronous device's host issues its instructions in order (GPUProfile.host_*): host[d] is when it
+    # has issued device d's last one; an instruction starts on the device no earlier
+    hc = cost.host_s()
+    host = [hc.program if programs[d].instructions else 0.0 for d in range(n_dev)]
     if prof.program_overhead_us:
         for d in range(n_dev):
             if programs[d].instructions:
@@ -109,6 +113,9 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
             if delta[d] > 0:
                 if not programs[d].instructions:
                     clock[d] = prof.program_overhead_us * 1e-6
+                    host[d] = hc.program
+                host[d] += hc.compute  # issuing the delta
+                clock[d] += host[d]
                 start = clock[d]
                 clock[d] += float(delta[d])
                 reduce_s[d] += float(delta[d])
@@ -156,15 +163,23 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                         plan.layout.tb_len, backward=direction == "backward", unmasked=tiles.unmasked[idx],
                         shapes=cost.tile_shapes(tiles, idx))
                 if dur > 0:
+                    host[d] += hc.compute
+                    t = max(t, host[d])
                     compute_s[d] += dur
                     if record_events:
                         events.append(SimEvent(d, "compute", f"stage {ins.stage} ({len(ins.tiles)} tiles)", t, t + dur))
                     t += dur
             elif isinstance(ins, CommLaunch):
-                if round_over and (d, ins.round) in dev_round_flows:
+                msgs = len(dev_round_flows.get((d, ins.round), ()))
+                if round_over and msgs:
                     t += round_over  # packing and posting this round's messages (host-side executors)
-                post(d, ins.round, t)
+                if msgs:
+                    host[d] += hc.launch + hc.message * msgs
+                post(d, ins.round, max(t, host[d]))
             elif isinstance(ins, CommWait):
+                if (d, ins.round) in dev_round_flows:
+                    host[d] += hc.wait
+                    t = max(t, host[d])
                 if pending.get((d, ins.round), 0) > 0:
                     blocked[d] = (ins.round, t)
                     clock[d] = t
@@ -175,6 +190,12 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                 dur = merge_cache.get(nbytes)
                 if dur is None:
                     dur = merge_cache[nbytes] = float(cost.memory_bound_s(nbytes))
+                if pc[d] == 0 or not isinstance(ins_list[pc[d] - 1], Reduce):  # the round's merges, issued together
+                    j = pc[d]
+                    while j < len(ins_list) and isinstance(ins_list[j], Reduce):
+                        j += 1
+                    host[d] += hc.reduce * (j - pc[d])
+                    t = max(t, host[d])
                 reduce_s[d] += dur
                 if record_events:
                     u = ins.unit

@@ -31,6 +31,19 @@ except ImportError:
     _C, _NATIVE = None, False
 
 
+def host_tables(cost: CostModel, busy: np.ndarray, has_delta: np.ndarray, step_flows: np.ndarray,
+                step_comp: np.ndarray, step_merges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(host0 [n_devices], host [n_steps, 4])``: the host time (``GPUProfile.host_*``, seconds) before a
+    device's first step (its program, and issuing the backward's delta), and per step what the host spends
+    before posting its round (launch + messages), issuing its compute, its wait, and its merges."""
+    hc = cost.host_s()
+    host0 = np.where(busy, hc.program, 0.0) + np.where(has_delta, hc.compute, 0.0)
+    moves = step_flows > 0
+    host = np.stack([np.where(moves, hc.launch + hc.message * step_flows, 0.0), np.where(step_comp > 0, hc.compute, 0.0),
+                     np.where(moves, hc.wait, 0.0), hc.reduce * step_merges], axis=1).astype(float)
+    return host0.astype(float), np.ascontiguousarray(host)
+
+
 class Streams:
     """Steps of every device (module docstring) and their execution against a ``ComponentNetwork``.
 
@@ -88,12 +101,17 @@ class Streams:
         caps = np.array([p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics), dtype=float)
         busy = (np.diff(steps["ptr"]) > 0) | (np.asarray(t0) > 0)
         self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
+        host0, steps["host"] = host_tables(cost, busy, np.asarray(t0) > 0, np.diff(steps["flow_ptr"]), comp_step,
+                                           np.bincount(g_step, minlength=n_steps))
+        start0 = self.t_prog + host0 * (np.asarray(t0) > 0)  # the delta waits for the host to issue it
         if self.native:
-            self._native_tables(steps, keys % width, at, remote, flows, f_res, caps, t0)
+            self._native_tables(steps, keys % width, at, remote, flows, f_res, caps, t0, start0, host0)
             return
         self.step_round = (keys % width).tolist()
         self.ptr, self.step_dev, self.flow_ptr, self.step_flows, self.pending, self.comp, self.red = (
             steps[k].tolist() for k in ("ptr", "step_dev", "flow_ptr", "step_flows", "pending", "comp", "red"))
+        self.h_post, self.h_comp, self.h_wait, self.h_red = (steps["host"][:, i].tolist() for i in range(4))
+        self.host = [float(x) for x in host0]  # when each device's host has issued its last instruction
         self.f_steps = [[] for _ in range(n_flows)]
         for f, k in zip(ends_flow.tolist(), at.tolist()):
             self.f_steps[f].append(k)
@@ -113,7 +131,7 @@ class Streams:
         self.f_start = [math.nan] * n_flows
         self.f_end = [math.nan] * n_flows
         self.starts: list[tuple[float, int]] = []
-        self.clock = [float(x) for x in self.t_prog + t0]
+        self.clock = [float(x) for x in start0 + t0]
         self.pos = self.ptr[:-1]
         self.blocked = [-1] * n       # the step a device waits in
         self.since = [0.0] * n
@@ -121,11 +139,12 @@ class Streams:
         self.compute_s, self.reduce_s, self.wait_s = [0.0] * n, [float(x) for x in t0], [0.0] * n
         self.events: list[SimEvent] = []
         if record_events:
-            self.events += [SimEvent(d, "delta", "delta (home rows)", float(self.t_prog[d]), float(self.t_prog[d] + t))
+            self.events += [SimEvent(d, "delta", "delta (home rows)", float(start0[d]), float(start0[d] + t))
                             for d, t in enumerate(t0) if t > 0]
 
     def _native_tables(self, steps: dict, step_round: np.ndarray, at: np.ndarray, remote: np.ndarray, flows: dict,
-                       f_res: np.ndarray, caps: np.ndarray, t0: np.ndarray) -> None:
+                       f_res: np.ndarray, caps: np.ndarray, t0: np.ndarray, start0: np.ndarray,
+                       host0: np.ndarray) -> None:
         """The same tables as numpy arrays, for ``dcp._C.simulate_streams``."""
         f_src, f_dst = flows["src"].astype(np.int64), flows["dst"].astype(np.int64)
         n_flows = f_src.size
@@ -133,7 +152,7 @@ class Streams:
         f_step[:, 0] = at[:n_flows]
         f_step[remote, 1] = at[n_flows:]
         self._tables = dict(steps, f_step=f_step, f_res=f_res, f_bytes=np.asarray(flows["bytes"], dtype=float),
-                            cap=caps, clock0=self.t_prog + t0, reduce0=np.asarray(t0, dtype=float))
+                            cap=caps, clock0=start0 + t0, reduce0=np.asarray(t0, dtype=float), host0=host0)
         self.step_round = step_round
         self.f_src, self.f_dst = f_src, f_dst
         self.events: list[SimEvent] = []
@@ -143,11 +162,12 @@ class Streams:
 
         tb = self._tables
         dt = {"comp": np.float64, "red": np.float64, "f_bytes": np.float64, "cap": np.float64,
-              "clock0": np.float64, "reduce0": np.float64}
+              "clock0": np.float64, "reduce0": np.float64, "host": np.float64, "host0": np.float64}
         arg = lambda k: torch.from_numpy(np.ascontiguousarray(tb[k], dtype=dt.get(k, np.int64)))  # noqa: E731
         out = _C.simulate_streams(*(arg(k) for k in ("ptr", "step_dev", "flow_ptr", "step_flows", "pending", "comp",
                                                      "red", "f_step", "f_res", "f_bytes", "cap", "clock0",
-                                                     "reduce0")), float(self.latency), float(self.round_over))
+                                                     "reduce0", "host", "host0")), float(self.latency),
+                                float(self.round_over))
         clock, comp_s, red_s, wait_s, f_start, f_end, blocked, pos = (x.numpy() for x in out[:8])
         self.n_rate_updates = int(out[8])
         self.clock, self.compute_s, self.reduce_s, self.wait_s = clock, comp_s, red_s, wait_s
@@ -170,24 +190,34 @@ class Streams:
     # -- device streams
     def _advance(self, d: int) -> None:
         """Run device d's steps from ``pos[d]`` until one waits or the stream ends."""
-        k, end, t = self.pos[d], self.ptr[d + 1], self.clock[d]
+        k, end, t, h = self.pos[d], self.ptr[d + 1], self.clock[d], self.host[d]
         pending, comp = self.pending, self.comp
         while k < end:
             a, b = self.flow_ptr[k], self.flow_ptr[k + 1]
             if b > a:
                 t += self.round_over  # packing and posting this round's messages (host-side executors)
-                self._post(a, b, t)
+                h += self.h_post[k]  # an asynchronous device's host posts them (host_launch_us, host_message_us)
+                self._post(a, b, h if h > t else t)
             c = comp[k]
             if c > 0:
+                h += self.h_comp[k]
+                if h > t:
+                    t = h
                 self.compute_s[d] += c
                 if self.record:
                     s, n_t = self.cells[k]
                     self.events.append(SimEvent(d, "compute", f"stage {s} ({n_t} tiles)", t, t + c))
                 t += c
+            if b > a:
+                h += self.h_wait[k]
+                if h > t:
+                    t = h
+            self.host[d] = h
             if pending[k] > 0:
                 self.blocked[d], self.since[d], self.pos[d], self.clock[d] = k, t, k, t
                 return
             t = self._merge(d, k, t)
+            h = self.host[d]
             k += 1
         self.pos[d], self.clock[d] = k, t
 
@@ -195,6 +225,10 @@ class Streams:
         r = self.red[k]
         if r <= 0:
             return t
+        h = self.host[d] + self.h_red[k]  # the round's merges are issued together, then run
+        self.host[d] = h
+        if h > t:
+            t = h
         self.reduce_s[d] += r
         if self.record:  # one event per merged unit; the clock moves by their sum either way
             ptr, rows, first, n_src, dur, mg = self.groups
