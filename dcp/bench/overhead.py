@@ -47,8 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dcp.bench.common import (DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git_revision, machine, read_csv,
-                              write_csv)
+from dcp.bench.common import DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git_revision, machine, read_csv, write_csv
 
 ITEMS = ("setup", "launch", "wait", "compute", "reduce", "finish")
 KINDS = ("launch", "wait", "compute", "reduce")

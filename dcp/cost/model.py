@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, fields
-from typing import NamedTuple
 from importlib import resources
+from typing import NamedTuple
 
 import numpy as np
 
