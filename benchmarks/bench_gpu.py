@@ -373,12 +373,53 @@ def calibrate(dev, sz: Sizes, rows: list, profile: GPUProfile) -> float:
     return worst
 
 
+def graphs(dev, sz: Sizes, rows: list) -> int:
+    """CUDA graphs (``dcp.execute.graphs``): a one-device plan through ``DCPAttention(cuda_graphs=True)`` and a
+    4-device plan run in one process (every device's program in one graph), each captured once and replayed
+    with new inputs: equal to eager execution, and the time per call of both. Returns the failed checks."""
+    from dcp.execute.graphs import CapturedProgram
+    from dcp.integration import DCPAttention
+
+    failures = 0
+    lengths = sz.tokens_correct
+    for label, n_dev in (("module, 1 device", 1), ("in-process, 4 devices", 4)):
+        plan = _plan(lengths, "causal", (1, n_dev), sz.block_correct)
+        t = plan.spec.total_tokens
+        g = torch.Generator(device=dev).manual_seed(1)
+        mk = lambda: [torch.randn(t, h, D, generator=g, device=dev, dtype=torch.bfloat16)  # noqa: E731
+                      for h in (HQ, HKV, HKV)]
+        try:
+            if n_dev == 1:
+                graphed, eager = DCPAttention(cuda_graphs=True), DCPAttention()
+                run_g = lambda x: graphed(*x, plan)  # noqa: E731
+                run_e = lambda x: eager(*x, plan)  # noqa: E731
+            else:
+                ex = ReferenceExecutor(kernels="auto")
+                prog = CapturedProgram(lambda st: ex.run_forward(plan, *st), mk(), "cuda")
+                run_g = lambda x: prog(x)[0]  # noqa: E731
+                run_e = lambda x: ex.run_forward(plan, *x)[0]  # noqa: E731
+            x = mk()
+            same = bool(torch.equal(run_g(x), run_e(x)))
+            t_g, t_e = time_s(lambda: run_g(x), dev, 10), time_s(lambda: run_e(x), dev, 10)
+        except Exception as err:  # noqa: BLE001 - a GPU finding to record, not a crash of the whole run
+            rows.append(dict(step="graphs", case=label, metric="error", value=float("nan"), passed=False,
+                             error=f"{type(err).__name__}: {err}"[:300]))
+            failures += 1
+            continue
+        failures += not same
+        rows.append(dict(step="graphs", case=f"{label} forward", metric="replay_equals_eager", value=float(same),
+                         passed=same))
+        rows.append(dict(step="graphs", case=f"{label} forward", metric="replay_ms", value=t_g * 1e3))
+        rows.append(dict(step="graphs", case=f"{label} forward", metric="eager_ms", value=t_e * 1e3))
+    return failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a check of the script)")
     ap.add_argument("--out", default=str(RESULTS), help="folder for gpu_<device>.csv and _profile.json")
-    ap.add_argument("--steps", default="ceilings,correct,tiles,fused,merge,calibrate")
+    ap.add_argument("--steps", default="ceilings,correct,graphs,tiles,fused,merge,calibrate")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
@@ -390,6 +431,8 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     ceil = ceilings(dev, sz, rows)
     failures = correct(dev, sz, rows, args.seed) if "correct" in steps else 0
+    if "graphs" in steps and dev.type == "cuda":
+        failures += graphs(dev, sz, rows)
     points = tiles(dev, sz, rows) if "tiles" in steps or "calibrate" in steps else []
     if "fused" in steps:
         fused(dev, sz, rows)

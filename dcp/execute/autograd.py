@@ -100,7 +100,7 @@ class DCPAttentionFunction(torch.autograd.Function):
 def attention(q_local: torch.Tensor, k_local: torch.Tensor, v_local: torch.Tensor, plan, group=None, *,
               kind: str | None = None, sinks: torch.Tensor | None = None, kernels=None, validate: bool = True,
               timeout: float | None = None, scale: float | None = None, partial_dtype: torch.dtype | None = None,
-              return_lse: bool = False):
+              return_lse: bool = False, graphs=None):
     """Attention of this rank's slice of a packed batch, run as ``plan`` over ``group``.
 
     ``q_local [n_local, Hq, D]``, ``k_local``/``v_local`` ``[n_local, Hkv, D]``: rows
@@ -115,11 +115,12 @@ def attention(q_local: torch.Tensor, k_local: torch.Tensor, v_local: torch.Tenso
     first transfer (``PlanMismatchError`` naming the ranks that differ; share one rank's plan with
     ``dcp.broadcast_plan``). Bad inputs raise ``ExecutionError`` before any transfer; a failed peer raises
     ``ExecutionError`` after ``timeout`` seconds (see ``dcp.execute.distributed``). ``kernels``,
-    ``validate``, ``scale``, ``partial_dtype``: see ``DistributedExecutor``.
+    ``validate``, ``scale``, ``partial_dtype``, ``graphs`` (a ``dcp.execute.graphs.GraphCache``: captured
+    programs replayed by every call with the same plan): see ``DistributedExecutor``.
     """
     plan = select_kind(plan, kind)
     executor = DistributedExecutor(plan, group, kernels=kernels, validate=validate, timeout=timeout, scale=scale,
-                                   partial_dtype=partial_dtype)
+                                   partial_dtype=partial_dtype, graphs=graphs)
     if sinks is None:
         o, lse = DCPAttentionFunction.apply(q_local, k_local, v_local, executor)
     else:

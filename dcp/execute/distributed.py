@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from dcp.errors import ExecutionError
 from dcp.execute.agreement import agree_on_plan
+from dcp.execute.graphs import capturing_tape
 from dcp.execute.local import DeviceRunner, backward_home, default_scale, resolve_kernels
 from dcp.execute.tables import ensure_valid, plan_tables
 from dcp.ir.plan import Plan
@@ -79,6 +80,9 @@ class DistComm:
             [self._op(dist.irecv, b, p) for (p, _, _), b in zip(recvs, bufs)]
         if not ops:
             return h
+        tape = capturing_tape()
+        if tape is not None:  # replays re-post the same transfers over the same (recorded) buffers
+            tape.call(lambda: setattr(h, "works", dist.batch_isend_irecv(ops)))
         try:
             if self.stream is not None:
                 self.stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -94,6 +98,14 @@ class DistComm:
         return h
 
     def wait(self, h: _Handle):
+        tape = capturing_tape()
+        if tape is not None and h.works:
+            keep = list(h.keep)  # the send buffers live as long as the tape
+            tape.call(lambda: self._wait_works(h, keep))
+        self._wait_works(h, h.keep)
+        return h.bufs
+
+    def _wait_works(self, h: _Handle, keep: list) -> None:
         for w in h.works:
             try:
                 ok = w.wait(self.timeout) if self.timeout is not None else w.wait()
@@ -105,8 +117,8 @@ class DistComm:
             if ok is False:
                 raise ExecutionError(f"device {self.rank}, round {h.round}: transfers with devices "
                                      f"{list(h.peers)} did not complete")
-        h.keep.clear()
-        return h.bufs
+        if keep is h.keep:
+            h.keep.clear()
 
 
 class DistributedExecutor:
@@ -122,10 +134,13 @@ class DistributedExecutor:
             process group's timeout).
         scale: softmax scale (None: 1/sqrt(head_dim)).
         partial_dtype: dtype of partial outputs on the wire (None: the element dtype).
+        graphs: a ``dcp.execute.graphs.GraphCache``: run each direction as a program captured on its first
+            call with these inputs' geometry and replayed by later ones (a CUDA graph on CUDA tensors, the
+            tape stand-in on the CPU, which needs dispatcher kernels such as "reference"); None: eager.
     """
 
     def __init__(self, plan: Plan, group=None, kernels=None, validate: bool = True, timeout: float | None = None,
-                 scale: float | None = None, partial_dtype: torch.dtype | None = None):
+                 scale: float | None = None, partial_dtype: torch.dtype | None = None, graphs=None):
         if not isinstance(plan, Plan):
             raise ExecutionError(f"expected a dcp.Plan, got {type(plan).__name__}")
         self.plan, self.group = plan, group
@@ -133,6 +148,7 @@ class DistributedExecutor:
         self.validate, self.timeout = validate, timeout
         self.scale = default_scale(plan, scale)
         self.partial_dtype = partial_dtype
+        self.graphs = graphs
         if dist.is_available() and dist.is_initialized():
             self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
             self.local = False
@@ -190,9 +206,36 @@ class DistributedExecutor:
         comm.warm_up()
         return comm
 
+    def _graphed(self, direction: str, inputs: tuple) -> tuple:
+        from dcp.execute.graphs import backend_for
+
+        x = inputs[0]
+        kern = self.kernels.for_input(x.dtype, x.device, int(x.shape[-1]))
+        backend = self.graphs.backend or backend_for(x.device)
+        if backend == "tape" and getattr(kern, "name", "") == "native":
+            raise ExecutionError("the CPU stand-in of CUDA graphs (a tape of PyTorch operators) cannot record the "
+                                 "native kernels, which run outside the dispatcher: use kernels='reference'")
+        if direction == "forward":
+            def run(st):
+                r = DeviceRunner(self.plan, self.rank, "forward", tuple(st), self._comm(st[0].device), self.kernels,
+                                 self.scale, self.partial_dtype)
+                r.run()
+                return r.finish_forward()
+        else:
+            def run(st):
+                r = DeviceRunner(self.plan, self.rank, "backward", backward_home(*st), self._comm(st[0].device),
+                                 self.kernels, self.scale, self.partial_dtype)
+                r.run()
+                return r.finish_backward()
+        key = (self.plan, self.rank, direction, id(self.kernels), self.scale, self.partial_dtype,
+               tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
+        return self.graphs.run(key, run, [t.detach() for t in inputs])
+
     def forward(self, q, k, v):
         """``(o_local [n_local, Hq, D], lse_local [Hq, n_local])`` of this rank."""
         self.check_inputs(q, k, v)
+        if self.graphs is not None:
+            return self._graphed("forward", (q, k, v))
         run = DeviceRunner(self.plan, self.rank, "forward", (q.detach(), k.detach(), v.detach()),
                            self._comm(q.device), self.kernels, self.scale, self.partial_dtype)
         run.run()
@@ -201,6 +244,8 @@ class DistributedExecutor:
     def backward(self, q, k, v, o, lse, do):
         """``(dq, dk, dv)`` local to this rank, from the forward's ``o``/``lse`` and the gradient ``do``."""
         self.check_inputs(q, k, v, o=o, lse=lse, do=do)
+        if self.graphs is not None:
+            return self._graphed("backward", (q, k, v, o, lse, do))
         home = backward_home(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), do.detach())
         run = DeviceRunner(self.plan, self.rank, "backward", home, self._comm(q.device), self.kernels,
                            self.scale, self.partial_dtype)

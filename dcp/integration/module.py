@@ -74,13 +74,27 @@ class DCPAttention(nn.Module):
         scale: softmax scale (None: 1/sqrt(D)).
         validate: prove each new plan with ``dcp.validate`` before its first run (the planner already
             validated it; plans are checked by sha256 on arrival, so False is safe and saves time).
+        cuda_graphs: run each direction of a plan as a program captured on the first layer that runs it and
+            replayed by every later layer (``dcp.execute.graphs``): a CUDA graph on CUDA tensors; on the CPU
+            the tape stand-in (same discipline, for testing; needs ``kernels="reference"``). Each layer's
+            inputs are copied into the capture's buffers and its outputs cloned out. Distributed mode or a
+            one-device plan.
+        max_graphs: captured programs kept (least recently used out first).
     """
 
     def __init__(self, group=None, *, mode: str = "auto", kernels=None, timeout: float | None = None,
-                 scale: float | None = None, validate: bool = True):
+                 scale: float | None = None, validate: bool = True, cuda_graphs: bool = False, max_graphs: int = 8):
         super().__init__()
         if mode not in MODES:
             raise InvalidConfigError(f"DCPAttention mode must be one of {MODES}, got {mode!r}")
+        if not isinstance(max_graphs, int) or max_graphs < 1:
+            raise InvalidConfigError(f"DCPAttention max_graphs must be an int >= 1, got {max_graphs!r}")
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graphs = None
+        if self.cuda_graphs:
+            from dcp.execute.graphs import GraphCache
+
+            self._graphs = GraphCache(max_graphs)
         self.group, self.mode, self.kernels = group, mode, kernels
         self.timeout, self.scale, self.validate = timeout, scale, validate
         self._reference = None
@@ -114,6 +128,9 @@ class DCPAttention(nn.Module):
         plan = select_kind(plan, kind)
         mode = self.resolved_mode()
         if mode == "single_process" and plan.n_devices > 1:
+            if self.cuda_graphs:
+                raise ExecutionError("DCPAttention(cuda_graphs=True) captures one rank's program: run the plan's "
+                                     f"{plan.n_devices} devices as ranks (mode='distributed'), not in one process")
             if self._reference is None or self._reference.scale != self.scale:
                 from dcp.execute import ReferenceExecutor
 
@@ -129,10 +146,10 @@ class DCPAttention(nn.Module):
             raise ExecutionError("DCPAttention(mode='single_process') with a one-device plan inside a process "
                                  "group of several ranks: use mode='distributed' and a plan for every rank")
         return attention(q, k, v, plan, group, sinks=sinks, kernels=self.kernels, validate=self.validate,
-                         timeout=self.timeout, scale=self.scale)
+                         timeout=self.timeout, scale=self.scale, graphs=self._graphs)
 
     def extra_repr(self) -> str:
-        return f"mode={self.mode!r}"
+        return f"mode={self.mode!r}" + (", cuda_graphs=True" if self.cuda_graphs else "")
 
 
 def sum_gradients(model: nn.Module, group=None) -> None:

@@ -18,10 +18,43 @@ Layouts (GQA: query head ``h * G + g`` reads kv head ``h``): weights ``w_hgqk [H
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
 
 #: bound on the elements of one correction product (the [.., rows or keys, chunk, D] tensor)
 CHUNK_ELEMENTS = 1 << 24
+
+_BRANCH_FREE: contextvars.ContextVar = contextvars.ContextVar("dcp_masked_branch_free", default=False)
+
+
+@contextlib.contextmanager
+def branch_free():
+    """Inside: the products never read data on the host (no "are all inputs finite?" branch), so a CUDA graph
+    (or ``dcp.execute.graphs``' tape) can capture them; same results, a few more matmuls (on indicators)."""
+    token = _BRANCH_FREE.set(True)
+    try:
+        yield
+    finally:
+        _BRANCH_FREE.reset(token)
+
+
+def _exact_branch_free(w, allowed_qk, x, plain):
+    """``_exact`` without a host branch: the non-finite entries' contributions through allowed pairs follow
+    from counts (matmuls of 0/1 indicators): NaN if an allowed pair meets a NaN, an inf with weight 0, or
+    infs of both signs; else +-inf if one sign of inf meets a non-zero weight; the finite part as usual."""
+    allowed = allowed_qk.expand_as(w)
+    fin = torch.isfinite(x)
+    one = lambda m: m.to(w.dtype)  # noqa: E731
+    pos, neg, zero = one(allowed & (w > 0)), one(allowed & (w < 0)), one(allowed & (w == 0))
+    x_pinf, x_minf = one(torch.isposinf(x)), one(torch.isneginf(x))
+    nan = (plain(one(allowed), one(torch.isnan(x))) + plain(zero, x_pinf + x_minf)) > 0
+    up = (plain(pos, x_pinf) + plain(neg, x_minf)) > 0
+    down = (plain(pos, x_minf) + plain(neg, x_pinf)) > 0
+    inf = torch.full((), float("inf"), dtype=w.dtype, device=w.device)
+    nf = torch.where(nan | (up & down), inf - inf, torch.where(up, inf, torch.where(down, -inf, 0.0)))
+    return plain(masked(w, allowed_qk), torch.where(fin, x, 0.0)) + nf
 
 
 def masked(w_hgqk: torch.Tensor, allowed_qk: torch.Tensor) -> torch.Tensor:
@@ -49,6 +82,8 @@ def _exact(w_hgqk, allowed_qk, x, plain, nonfinite_part, per_index: int):
     """``plain(w, x)`` with masked weights zeroed; when ``x`` has non-finite entries, ``plain`` runs on the
     finite part and ``nonfinite_part(w, x_nf, idx)`` adds, through allowed pairs only, the non-finite part
     of the dim-0 entries ``idx`` of ``x`` that hold one (in chunks of about ``CHUNK_ELEMENTS``)."""
+    if _BRANCH_FREE.get():
+        return _exact_branch_free(w_hgqk, allowed_qk, x, plain)
     w = masked(w_hgqk, allowed_qk)
     fin = torch.isfinite(x)
     if bool(fin.all()):
@@ -87,4 +122,4 @@ def rows_to_keys(w_hgqk: torch.Tensor, allowed_qk: torch.Tensor, x_qhgd: torch.T
                   hkv * g * tk * x_qhgd.shape[-1])
 
 
-__all__ = ["keys_to_rows", "rows_to_keys", "masked", "softmax_rows"]
+__all__ = ["keys_to_rows", "rows_to_keys", "masked", "softmax_rows", "branch_free"]
