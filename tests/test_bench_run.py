@@ -19,6 +19,15 @@ from dcp.cost.model import load_profile
 from dcp.errors import InvalidConfigError
 from tests._spawn import run_ranks
 
+
+def _a100():
+    """The bundled a100 profile as a host-side executor's tests need it: its GPU host costs (``host_*``, an
+    asynchronous host; tests/test_sim_host.py) set to 0, so only the fields under test charge the host."""
+    prof = load_profile("a100")
+    return dataclasses.replace(prof, **{f: 0.0 for f in ("host_program_us", "host_launch_us", "host_message_us",
+                                                         "host_wait_us", "host_compute_us", "host_reduce_us")})
+
+
 TINY = bench_run.RunConfig(batches=(bench_run.RunBatch((300, 120, 70), "causal", (), "tiny#0"),
                                     bench_run.RunBatch((200, 180), "lambda", (("sink", "8"), ("window", "64")),
                                                        "tiny#1")),
@@ -107,7 +116,7 @@ def test_machine_slug_names_a_cpu_profile():
 
 # ------------------------------------------------------------------------------------------ profile fields
 def test_optional_profile_fields_default_to_the_old_model():
-    a100 = load_profile("a100")
+    a100 = _a100()
     assert a100.memory_overhead_us is None and a100.nics_per_node is None
     cost = CostModel(a100)
     assert float(cost.memory_bound_s(1e6)) == pytest.approx(a100.kernel_overhead_us * 1e-6 + 1e6 / (a100.hbm_gbps * 1e9))
@@ -124,7 +133,7 @@ def test_nics_per_node_equal_to_gpus_is_the_rail_model():
 
     spec = dcp.BatchSpec([2048, 1024], "causal", 4, 2, 64, dtype="bfloat16")
     plan = RingPlanner().plan(spec, dcp.Cluster(2, 2))
-    a100 = load_profile("a100")
+    a100 = _a100()
     rail = simulate(plan, CostModel(a100), "forward", nic="rail", record_events=False).makespan_s
     node = simulate(plan, CostModel(a100), "forward", record_events=False).makespan_s
     per_gpu = simulate(plan, CostModel(dataclasses.replace(a100, nics_per_node=2)), "forward",
@@ -222,7 +231,7 @@ def _ring_plan():
 def test_program_overhead_delays_every_device_by_exactly_that():
     from dcp.sim import simulate
 
-    plan, a100 = _ring_plan(), load_profile("a100")
+    plan, a100 = _ring_plan(), _a100()
     for direction in ("forward", "backward"):
         base = simulate(plan, CostModel(a100), direction, record_events=False)
         late = simulate(plan, CostModel(dataclasses.replace(a100, program_overhead_us=300.0)), direction,
@@ -234,7 +243,7 @@ def test_round_overhead_is_charged_per_round_with_transfers():
     from dcp.ir.instructions import CommLaunch
     from dcp.sim import simulate
 
-    plan, a100 = _ring_plan(), load_profile("a100")
+    plan, a100 = _ring_plan(), _a100()
     slow = dataclasses.replace(a100, round_overhead_us=500.0)
     for direction in ("forward", "backward"):
         base = simulate(plan, CostModel(a100), direction, record_events=False).makespan_s
@@ -251,7 +260,7 @@ def test_the_planners_estimate_follows_the_host_side_overheads():
     from dcp.bench.common import DcpOptions, dcp_config
     from dcp.sim import simulate_both
 
-    slow = dataclasses.replace(load_profile("a100"), round_overhead_us=400.0, program_overhead_us=200.0)
+    slow = dataclasses.replace(_a100(), round_overhead_us=400.0, program_overhead_us=200.0)
     spec = dcp.BatchSpec([3000, 1500, 700, 300], "causal", 4, 2, 64, dtype="bfloat16")
     cfg = dcp_config("a100", DcpOptions(partitioner="greedy", block_size=256), cost=CostModel(slow))
     plan = dcp.plan(spec, dcp.Cluster(1, 2), cfg)
@@ -278,7 +287,7 @@ def test_cpu_kernel_model_fields_default_to_the_gpu_model():
     from dcp.baselines import ZigzagPlanner
     from dcp.sim import simulate
 
-    a100 = load_profile("a100")
+    a100 = _a100()
     assert a100.efficiency_group == "sequence" and a100.partial_waste_keys is None
     plan = ZigzagPlanner().plan(dcp.BatchSpec([4096, 512, 256, 128], "causal", 4, 2, 64, dtype="bfloat16"),
                                 dcp.Cluster(1, 4))
@@ -302,7 +311,7 @@ def test_simulator_and_its_reference_agree_with_every_new_profile_field_set():
     from dcp.sim import simulate
     from dcp.sim.reference import simulate_reference
 
-    prof = dataclasses.replace(load_profile("a100"), nics_per_node=2, round_overhead_us=50.0,
+    prof = dataclasses.replace(_a100(), nics_per_node=2, round_overhead_us=50.0,
                                program_overhead_us=30.0, memory_overhead_us=3.0, efficiency_group="q_block",
                                partial_waste_keys=64.0)
     spec = dcp.BatchSpec([3000, 1200, 700, 300, 100], "causal", 4, 2, 64, dtype="bfloat16")
@@ -311,5 +320,5 @@ def test_simulator_and_its_reference_agree_with_every_new_profile_field_set():
         fast = simulate(plan, CostModel(prof), direction, record_events=False)
         ref = simulate_reference(plan, CostModel(prof), direction, record_events=False)
         assert np.allclose(fast.end_s, ref.end_s, rtol=1e-9, atol=1e-12)
-        base = simulate(plan, CostModel(load_profile("a100")), direction, record_events=False)
+        base = simulate(plan, CostModel(_a100()), direction, record_events=False)
         assert fast.makespan_s > base.makespan_s  # the fields are in effect
