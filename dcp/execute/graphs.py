@@ -140,6 +140,7 @@ def NoHostSync(inputs=()):
         yield
 
 
+_NO_DATA = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 _TAPE: contextvars.ContextVar = contextvars.ContextVar("dcp_tape", default=None)
 
 
@@ -194,8 +195,8 @@ class TapeGraph:
                 continue
             _, func, args, kwargs, out = e
             res = func(*args, **kwargs)
-            if func.is_view or func._schema.is_mutable:
-                continue  # a view of recorded tensors, or written in place / into out=: nothing to copy
+            if func.is_view or func._schema.is_mutable or func._overloadpacket.__name__ in _NO_DATA:
+                continue  # a view of recorded tensors, written in place / into out=, or uninitialized: no copy
             for o, r in zip(tree_flatten(out)[0], tree_flatten(res)[0]):
                 if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and o is not r and o.numel() \
                         and not _same_memory(o, r):
