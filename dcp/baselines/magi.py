@@ -61,8 +61,9 @@ from dcp.spec import BatchSpec
 #: tokens, and as chunks per rank (v1.1.1's ``MAGI_ATTENTION_MIN_CHUNKS_PER_RANK``, whose default is 8)
 CHUNK_GRID = (512, 1024, 1536, 2048, 4096)
 CHUNKS_PER_RANK_GRID = (2, 3, 4, 6)
-#: overlap degrees dcp's search also estimates a Magi placement at (``SolvedPlanner.schedule_variants``)
-VARIANT_DEGREES = (2, 4)
+#: overlap degrees dcp's search also estimates a Magi placement at (``SolvedPlanner.schedule_variants``): all
+#: of Magi's own; with the executor's host time charged, 1 (fewest instructions) and 3 win batches too
+VARIANT_DEGREES = (1, 2, 3, 4)
 DEGREE_GRID = (1, 2, 3, 4)
 
 
