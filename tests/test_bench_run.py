@@ -23,9 +23,7 @@ from tests._spawn import run_ranks
 def _a100():
     """The bundled a100 profile as a host-side executor's tests need it: its GPU host costs (``host_*``, an
     asynchronous host; tests/test_sim_host.py) set to 0, so only the fields under test charge the host."""
-    prof = load_profile("a100")
-    return dataclasses.replace(prof, **{f: 0.0 for f in ("host_program_us", "host_launch_us", "host_message_us",
-                                                         "host_wait_us", "host_compute_us", "host_reduce_us")})
+    return load_profile("a100").without_host()
 
 
 TINY = bench_run.RunConfig(batches=(bench_run.RunBatch((300, 120, 70), "causal", (), "tiny#0"),

@@ -29,6 +29,17 @@ def _plan(mask: str, n: int, lens=(120, 45, 77)):
     return dcp.plan(spec, dcp.Cluster(1, n), CONFIG)
 
 
+def _same_as_eager(graphed, eager, plan, q, k, v, do) -> bool:
+    """Whether ``graphed`` gives exactly ``eager``'s o, dq, dk and dv (forward and backward through autograd)."""
+    res = []
+    for mod in (graphed, eager):
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+        o = mod(*leaves, plan)
+        o.backward(do)
+        res.append((o.detach(), *(x.grad for x in leaves)))
+    return all(torch.equal(a, b) for a, b in zip(*res))
+
+
 def _qkv(spec, seed: int, extra: int = 0):
     g = torch.Generator().manual_seed(seed)
     t = spec.total_tokens
@@ -170,14 +181,7 @@ def test_one_device_plan_graphed_in_one_process():
     plan = _plan("sliding", 1)
     attn, eager = DCPAttention(cuda_graphs=True, kernels="reference"), DCPAttention(kernels="reference")
     for seed in range(3):
-        q, k, v, do = _qkv(plan.spec, seed, extra=1)
-        outs = []
-        for mod in (attn, eager):
-            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-            o = mod(*leaves, plan)
-            o.backward(do)
-            outs.append((o.detach(), *(x.grad for x in leaves)))
-        assert all(torch.equal(a, b) for a, b in zip(*outs))
+        assert _same_as_eager(attn, eager, plan, *_qkv(plan.spec, seed, extra=1))
     assert attn._graphs.captures == 2 and sum(p.replays for p in attn._graphs.programs.values()) == 4
 
 
@@ -209,14 +213,8 @@ def _ranks(rank: int, world: int) -> dict:
             DCPAttention(kernels="reference", timeout=20)
         same = True
         for layer in range(3):  # three layers with their own data run one captured program per direction
-            q, k, v, do = (x.index_select(0, idx) for x in _qkv(plan.spec, 10 + layer, extra=1))
-            res = []
-            for mod in (graphed, eager):
-                leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-                o = mod(*leaves, plan)
-                o.backward(do)
-                res.append((o.detach(), *(x.grad for x in leaves)))
-            same = same and all(torch.equal(a, b) for a, b in zip(*res))
+            layer_data = (x.index_select(0, idx) for x in _qkv(plan.spec, 10 + layer, extra=1))
+            same = _same_as_eager(graphed, eager, plan, *layer_data) and same
         out[mask] = dict(same=same, captures=graphed._graphs.captures,
                          replays=sum(p.replays for p in graphed._graphs.programs.values()),
                          crossing=(plan.stats().split_sequences, plan.stats().comm_bytes_total))

@@ -29,8 +29,7 @@ from tests._budget import n_examples
 GREEDY = dict(partitioner=GreedyPartitioner(), time_budget_s=None)
 # the stream and network model worked by hand: a host that keeps ahead of the GPU (the bundled profile's host
 # costs are tested in test_sim_host.py; the random-plan tests below run the bundled profiles as they are)
-H100 = CostModel(dataclasses.replace(CostModel.named("h100").profile, host_program_us=0.0, host_launch_us=0.0,
-                                     host_message_us=0.0, host_wait_us=0.0, host_compute_us=0.0, host_reduce_us=0.0))
+H100 = CostModel(CostModel.named("h100").profile.without_host())
 
 
 def with_profile(cost: CostModel, **changes) -> CostModel:

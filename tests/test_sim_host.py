@@ -27,7 +27,7 @@ from dcp.sim.reference import simulate_reference
 HOST = dict(host_program_us=30.0, host_launch_us=20.0, host_message_us=10.0, host_wait_us=15.0,
             host_compute_us=25.0, host_reduce_us=7.0)
 # the bundled h100 profile with a free host (its own host_* come from this machine's fit)
-H100 = dataclasses.replace(load_profile("h100"), **dict.fromkeys(HOST, 0.0))
+H100 = load_profile("h100").without_host()
 
 
 def host_cost(scale: float = 1.0, base=H100) -> CostModel:

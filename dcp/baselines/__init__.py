@@ -31,12 +31,13 @@ def default_warm_planners() -> tuple:
     (``SearchConfig.warm_starts``). Magi's placements at 3, 4 and 6 chunks per rank (every rank then holds
     the mean tokens within a chunk, inside dcp's memory budget, where fixed chunk sizes may leave a rank up
     to a chunk over it), with inter-node deduplication, and at chunks of 1024 and 2048 tokens (often within
-    the budget too, and then often the better placement); dcp estimates each at overlap degrees 2 and 4 per
-    direction (``MagiPlanner.schedule_variants``). And one point of Magi's dynamic solver, at 2048-token
-    chunks and a FLOPs cap of 1.2x the mean: with the executor's host time charged (``GPUProfile.host_*``)
-    that coarser, less communicating placement (fewer messages and kernel calls) beat its 1024-token, 1.05x
-    one on H100 causal batches by 10-25 % and lost nowhere in the cells tried. These won most often in the micro grid (``benchmarks/results/README.md``); more
-    points cost planning time for little gain. Not Ulysses (its placement is ring's contiguous shards; it differs only in running tiles by
+    the budget too, and then often the better placement); dcp estimates each at every overlap degree of
+    ``VARIANT_DEGREES`` per direction (``MagiPlanner.schedule_variants``). And one point of Magi's dynamic
+    solver, at 2048-token chunks and a FLOPs cap of 1.2x the mean: with the executor's host time charged
+    (``GPUProfile.host_*``) that coarser, less communicating placement (fewer messages and kernel calls) beat
+    its 1024-token, 1.05x one on H100 causal batches by 10-25 % and lost nowhere in the cells tried. These
+    won most often in the micro grid (``benchmarks/results/README.md``); more points cost planning time for
+    little gain. Not Ulysses (its placement is ring's contiguous shards; it differs only in running tiles by
     head)."""
     magi = tuple(MagiPlanner(None, 4, True, k) for k in (3, 4, 6)) + tuple(MagiPlanner(c, 4) for c in (1024, 2048))
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),

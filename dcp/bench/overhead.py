@@ -51,6 +51,8 @@ from dcp.bench.common import DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git
 
 ITEMS = ("setup", "launch", "wait", "compute", "reduce", "finish")
 KINDS = ("launch", "wait", "compute", "reduce")
+#: per device and direction: the instructions of each kind, and what the host model counts besides
+COUNTS = KINDS + ("moving_rounds", "messages")
 TARGET_STEP_US = 1000.0
 TARGET_INSTRUCTION_US = 15.0
 TARGET_PREPARE_US = 30000.0
@@ -109,7 +111,7 @@ def ir_counts(plan, direction: str, device: int) -> dict[str, int]:
     from dcp.execute.tables import plan_tables
     from dcp.ir.program import DST, SRC
 
-    counts = dict.fromkeys(KINDS + ("moving_rounds", "messages"), 0)
+    counts = dict.fromkeys(COUNTS, 0)
     for op in plan_tables(plan).plan.index(direction).stream(device):
         counts[op[0]] += 1
         if op[0] == "launch":
@@ -310,7 +312,7 @@ def device_rows(case: OverheadCase, got: dict) -> list[dict]:
     for direction in ("forward", "backward"):
         for i, d in enumerate(got["devices"]):
             row = dict(case=case.name, direction=direction, device=d)
-            row.update({f"n_{k}": got["counts"][(direction, k)][i] for k in KINDS + ("moving_rounds", "messages")})
+            row.update({f"n_{k}": got["counts"][(direction, k)][i] for k in COUNTS})
             row.update({f"{item}_us": round(got["times"][(direction, item)][i][0] * 1e6, 2) for item in ITEMS})
             rows.append(row)
     return rows

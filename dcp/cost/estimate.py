@@ -105,8 +105,8 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
     port, lat = p.nvlink_gbps * 1e9, p.link_latency_us * 1e-6
     for r in range(1, max(n_rounds, n_stages) + 1):
         msgs = np.zeros(n)
-        if r <= n_rounds:
-            sel = np.flatnonzero(f_round == r)
+        sel = np.flatnonzero(f_round == r) if r <= n_rounds else np.zeros(0, dtype=np.int64)
+        if sel.size:
             msgs = np.bincount(f_src[sel], minlength=n) + np.bincount(f_dst[sel[~local[sel]]], minlength=n)
         busy = msgs > 0
         if round_over:
@@ -120,7 +120,6 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         host = host + np.where(busy, hc.wait, 0.0)
         t = np.where(busy, np.maximum(t, host), t)
         if r <= n_rounds:
-            sel = np.flatnonzero(f_round == r)
             if sel.size:
                 src, dst, b = f_src[sel], f_dst[sel], f_bytes[sel]
                 start = np.maximum(post[src], post[dst]) + np.where(local[sel], 0.0, lat)

@@ -8,7 +8,7 @@ across nodes. The profile constants are data files that cite their sources (``pr
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from importlib import resources
 from typing import NamedTuple
 
@@ -76,12 +76,20 @@ class GPUProfile:
     of ``nic_gbps_per_node`` that any GPU of the node can use whole."""
 
     def __post_init__(self):
-        for f in fields(self):
-            if f.name.startswith("host_"):
-                v = getattr(self, f.name)
-                if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
-                    raise InvalidConfigError(f"GPU profile {self.name!r}: {f.name} must be a finite number >= 0 "
-                                             f"(microseconds), got {v!r}")
+        for name in HOST_FIELDS:
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
+                raise InvalidConfigError(f"GPU profile {self.name!r}: {name} must be a finite number >= 0 "
+                                         f"(microseconds), got {v!r}")
+
+    def without_host(self) -> "GPUProfile":
+        """This profile with a host that keeps ahead of the device (every ``host_*`` field 0)."""
+        return replace(self, **dict.fromkeys(HOST_FIELDS, 0.0))
+
+
+#: the host costs of an asynchronous device, in the order ``CostModel.host_s`` returns them
+HOST_FIELDS = ("host_program_us", "host_launch_us", "host_message_us", "host_wait_us", "host_compute_us",
+               "host_reduce_us")
 
 
 def available_profiles() -> list[str]:
@@ -293,9 +301,7 @@ class CostModel:
 
     def host_s(self) -> "HostCosts":
         """The profile's ``host_*`` fields in seconds."""
-        p = self.profile
-        return HostCosts(*(x * 1e-6 for x in (p.host_program_us, p.host_launch_us, p.host_message_us,
-                                               p.host_wait_us, p.host_compute_us, p.host_reduce_us)))
+        return HostCosts(*(getattr(self.profile, name) * 1e-6 for name in HOST_FIELDS))
 
 
 class HostCosts(NamedTuple):

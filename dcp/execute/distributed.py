@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from dcp.errors import ExecutionError
 from dcp.execute.agreement import agree_on_plan
-from dcp.execute.graphs import capturing_tape
+from dcp.execute.graphs import backend_for, capturing_tape
 from dcp.execute.local import DeviceRunner, backward_home, default_scale, resolve_kernels
 from dcp.execute.tables import ensure_valid, plan_tables
 from dcp.ir.plan import Plan
@@ -99,13 +99,13 @@ class DistComm:
 
     def wait(self, h: _Handle):
         tape = capturing_tape()
-        if tape is not None and h.works:
-            keep = list(h.keep)  # the send buffers live as long as the tape
-            tape.call(lambda: self._wait_works(h, keep))
-        self._wait_works(h, h.keep)
+        if tape is not None and h.works:  # (the launch's replay holds the send buffers, in its ops)
+            tape.call(lambda: self._wait_works(h))
+        self._wait_works(h)
+        h.keep.clear()
         return h.bufs
 
-    def _wait_works(self, h: _Handle, keep: list) -> None:
+    def _wait_works(self, h: _Handle) -> None:
         for w in h.works:
             try:
                 ok = w.wait(self.timeout) if self.timeout is not None else w.wait()
@@ -117,8 +117,6 @@ class DistComm:
             if ok is False:
                 raise ExecutionError(f"device {self.rank}, round {h.round}: transfers with devices "
                                      f"{list(h.peers)} did not complete")
-        if keep is h.keep:
-            h.keep.clear()
 
 
 class DistributedExecutor:
@@ -206,51 +204,38 @@ class DistributedExecutor:
         comm.warm_up()
         return comm
 
-    def _graphed(self, direction: str, inputs: tuple) -> tuple:
-        from dcp.execute.graphs import backend_for
+    def _program(self, direction: str, inputs) -> tuple:
+        """Run this rank's ``direction`` program on detached ``inputs``: forward ``(q, k, v)``, backward
+        ``(q, k, v, o, lse, do)`` (its home gets delta, ``backward_home``)."""
+        home = tuple(inputs) if direction == "forward" else backward_home(*inputs)
+        run = DeviceRunner(self.plan, self.rank, direction, home, self._comm(inputs[0].device), self.kernels,
+                           self.scale, self.partial_dtype)
+        run.run()
+        return run.finish_forward() if direction == "forward" else run.finish_backward()
 
+    def _run(self, direction: str, inputs: tuple) -> tuple:
+        """``_program`` eagerly, or captured and replayed through ``self.graphs``."""
+        inputs = [t.detach() for t in inputs]
+        if self.graphs is None:
+            return self._program(direction, inputs)
         x = inputs[0]
         kern = self.kernels.for_input(x.dtype, x.device, int(x.shape[-1]))
-        backend = self.graphs.backend or backend_for(x.device)
-        if backend == "tape" and getattr(kern, "name", "") == "native":
+        if (self.graphs.backend or backend_for(x.device)) == "tape" and getattr(kern, "name", "") == "native":
             raise ExecutionError("the CPU stand-in of CUDA graphs (a tape of PyTorch operators) cannot record the "
                                  "native kernels, which run outside the dispatcher: use kernels='reference'")
-        if direction == "forward":
-            def run(st):
-                r = DeviceRunner(self.plan, self.rank, "forward", tuple(st), self._comm(st[0].device), self.kernels,
-                                 self.scale, self.partial_dtype)
-                r.run()
-                return r.finish_forward()
-        else:
-            def run(st):
-                r = DeviceRunner(self.plan, self.rank, "backward", backward_home(*st), self._comm(st[0].device),
-                                 self.kernels, self.scale, self.partial_dtype)
-                r.run()
-                return r.finish_backward()
         key = (self.plan, self.rank, direction, id(self.kernels), self.scale, self.partial_dtype,
                tuple((tuple(t.shape), t.dtype, t.device) for t in inputs))
-        return self.graphs.run(key, run, [t.detach() for t in inputs])
+        return self.graphs.run(key, lambda st: self._program(direction, st), inputs)
 
     def forward(self, q, k, v):
         """``(o_local [n_local, Hq, D], lse_local [Hq, n_local])`` of this rank."""
         self.check_inputs(q, k, v)
-        if self.graphs is not None:
-            return self._graphed("forward", (q, k, v))
-        run = DeviceRunner(self.plan, self.rank, "forward", (q.detach(), k.detach(), v.detach()),
-                           self._comm(q.device), self.kernels, self.scale, self.partial_dtype)
-        run.run()
-        return run.finish_forward()
+        return self._run("forward", (q, k, v))
 
     def backward(self, q, k, v, o, lse, do):
         """``(dq, dk, dv)`` local to this rank, from the forward's ``o``/``lse`` and the gradient ``do``."""
         self.check_inputs(q, k, v, o=o, lse=lse, do=do)
-        if self.graphs is not None:
-            return self._graphed("backward", (q, k, v, o, lse, do))
-        home = backward_home(q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(), do.detach())
-        run = DeviceRunner(self.plan, self.rank, "backward", home, self._comm(q.device), self.kernels,
-                           self.scale, self.partial_dtype)
-        run.run()
-        return run.finish_backward()
+        return self._run("backward", (q, k, v, o, lse, do))
 
 
 __all__ = ["DistributedExecutor", "DistComm"]

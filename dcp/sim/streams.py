@@ -99,11 +99,12 @@ class Streams:
         per_nic, n_nics, nic_cap = cost.nic_layout(gpn, nodes, nic)
         f_res = _resource_table(f_src, f_dst, gpn, n, n_nics, per_nic)
         caps = np.array([p.nvlink_gbps * 1e9] * (2 * n) + [nic_cap] * (2 * n_nics), dtype=float)
-        busy = (np.diff(steps["ptr"]) > 0) | (np.asarray(t0) > 0)
+        has_delta = np.asarray(t0) > 0
+        busy = (np.diff(steps["ptr"]) > 0) | has_delta
         self.t_prog = np.where(busy, p.program_overhead_us * 1e-6, 0.0)
-        host0, steps["host"] = host_tables(cost, busy, np.asarray(t0) > 0, np.diff(steps["flow_ptr"]), comp_step,
+        host0, steps["host"] = host_tables(cost, busy, has_delta, np.diff(steps["flow_ptr"]), comp_step,
                                            np.bincount(g_step, minlength=n_steps))
-        start0 = self.t_prog + host0 * (np.asarray(t0) > 0)  # the delta waits for the host to issue it
+        start0 = self.t_prog + host0 * has_delta  # the delta waits for the host to issue it
         if self.native:
             self._native_tables(steps, keys % width, at, remote, flows, f_res, caps, t0, start0, host0)
             return
