@@ -35,7 +35,7 @@ def default_warm_planners() -> tuple:
     ``VARIANT_DEGREES`` per direction (``MagiPlanner.schedule_variants``). And one point of Magi's dynamic
     solver, at 2048-token chunks and a FLOPs cap of 1.2x the mean: with the executor's host time charged
     (``GPUProfile.host_*``) that coarser, less communicating placement (fewer messages and kernel calls) beat
-    its 1024-token, 1.05x one on H100 causal batches by 10-25 % and lost nowhere in the cells tried. These
+    its 1024-token, 1.05x one on H100 causal batches and lost nowhere in the cells tried. These
     won most often in the micro grid (``benchmarks/results/README.md``); more points cost planning time for
     little gain. Not Ulysses (its placement is ring's contiguous shards; it differs only in running tiles by
     head)."""
