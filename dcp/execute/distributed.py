@@ -73,11 +73,10 @@ class DistComm:
         return dist.P2POp(fn, tensor, group=self.group, group_peer=peer)
 
     def launch(self, round, sends, recvs):
-        bufs = [torch.empty(shape, dtype=dtype, device=self.device) for _, shape, dtype in recvs]
-        peers = tuple(sorted({p for p, _ in sends} | {p for p, _, _ in recvs}))
+        bufs = [b for _, b in recvs]  # views of the runner's message arena
+        peers = tuple(sorted({p for p, _ in sends} | {p for p, _ in recvs}))
         h = _Handle(round, [], bufs, peers, [t for _, t in sends])
-        ops = [self._op(dist.isend, t, p) for p, t in sends] + \
-            [self._op(dist.irecv, b, p) for (p, _, _), b in zip(recvs, bufs)]
+        ops = [self._op(dist.isend, t, p) for p, t in sends] + [self._op(dist.irecv, b, p) for p, b in recvs]
         if not ops:
             return h
         tape = capturing_tape()

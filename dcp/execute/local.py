@@ -6,12 +6,13 @@ one per run of Reduces after a Wait), in which every index, view, copy and merge
 plan. Transfers go through a ``Comm`` (in-memory for the reference executor, ``torch.distributed`` for
 the distributed one):
 
-    handle = comm.launch(round, sends=[(peer, uint8 tensor), ...], recvs=[(peer, shape, dtype), ...])
-    tensors = comm.wait(handle)          # in the order of ``recvs``
+    handle = comm.launch(round, sends=[(peer, uint8 tensor), ...], recvs=[(peer, uint8 tensor), ...])
+    tensors = comm.wait(handle)          # the receive tensors, filled, in the order of ``recvs``
 
 Everything a device sends to one peer in one round is packed into ONE contiguous uint8 buffer of typed
 regions (``dcp.execute.compile.message_layout``; the messages of a round are slices of one allocation),
-so a round is one grouped operation with at most one message per peer and direction.
+so a round is one grouped operation with at most one message per peer and direction. Send and receive
+buffers are views of one *message arena* per workspace, planned once per plan (``dcp.execute.arena``).
 
 Data held by a device (layout derived once per plan, direction and device: ``dcp.execute.buffers``):
 - home rows: q/k/v (forward), plus dO, lse, delta (backward), local layout = home token blocks stacked in
@@ -51,6 +52,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from dcp.errors import ExecutionError
+from dcp.execute.arena import bind_arena, plan_arena
 from dcp.execute.buffers import new_like_rows
 from dcp.execute.compile import Dtypes, Spec
 from dcp.execute.fallback import FallbackKernels
@@ -66,12 +68,15 @@ class Comm(Protocol):
     """Point-to-point transfers of one device, grouped per round."""
 
     def launch(self, round: int, sends: list[tuple[int, torch.Tensor]],
-               recvs: list[tuple[int, tuple, torch.dtype]]) -> Any:
+               recvs: list[tuple[int, torch.Tensor]]) -> Any:
         """Post this round's sends and receives (non-blocking); return a handle for ``wait``. A send tensor
-        may be a view of the device's inputs or accumulators: read it, never write it."""
+        may be a view of the device's inputs, accumulators or message arena: read it, never write it, and
+        be done with it when ``wait`` returns. A receive fills the given contiguous uint8 tensor (a view of
+        the arena) with exactly its bytes."""
 
     def wait(self, handle: Any) -> list[torch.Tensor]:
-        """Block until the round's transfers are done; the received tensors in the order of ``recvs``."""
+        """Block until the round's transfers (sends included) are done; the receive tensors of ``recvs``,
+        filled, in their order."""
 
 
 # ------------------------------------------------------------------------------------------ kernels
@@ -176,13 +181,8 @@ def _cut(t: torch.Tensor, a: int, b: int, h, dim: int) -> torch.Tensor:
 
 
 def _bind(st, fn):
-    """Step ``st`` with the ``Spec`` of every view that may name a slot buffer replaced by ``fn(spec)``."""
-    if st.code == "launch":
-        return st._replace(msgs=tuple((peer, off, nb, tuple((g, fn(s)) for g, s in pieces), alias)
-                                      for peer, off, nb, pieces, alias in st.msgs))
-    if st.code == "wait":
-        return st._replace(msgs=tuple((peer, nb, dts, regions, tuple((fn(d), g) for d, g in pieces))
-                                      for peer, nb, dts, regions, pieces in st.msgs))
+    """Compute step ``st`` with the ``Spec`` of every view that may name a slot buffer replaced by ``fn(spec)``
+    (Launch and Wait steps are bound by ``dcp.execute.arena.bind_arena``)."""
     if st.code == "compute":
         return st._replace(calls=tuple((tuple(fn(s) for s in qs), tuple(fn(s) for s in kvs), table, outs)
                                        for qs, kvs, table, outs in st.calls))
@@ -191,8 +191,9 @@ def _bind(st, fn):
 
 class Workspace:
     """What one (plan, direction, device, home tensors' dtypes and shapes, torch device) keeps between steps:
-    the slot buffers, the compiled steps with every view of them made (bound), the rows zeroed and staged
-    per step. ``busy`` while a runner uses it (a second runner at the same time gets its own)."""
+    the slot buffers, the message arena (``dcp.execute.arena``: every send and receive buffer at a fixed
+    offset), the compiled steps with every view of them made (bound), the rows zeroed and staged per step.
+    ``busy`` while a runner uses it (a second runner at the same time gets its own)."""
 
     def __init__(self, comp, side_q: tuple, side_kv: tuple):
         self.busy = False
@@ -214,7 +215,9 @@ class Workspace:
                 got = made[spec.vid] = _view(S0, spec)
             return got
 
-        self.steps = [_bind(st, bind) for st in comp.steps]
+        self.arena = plan_arena(comp)
+        self.arena_buf, steps = bind_arena(comp, self.arena, side_q[0].device, bind)
+        self.steps = [_bind(st, bind) for st in steps]
         self.zero = [_view(S0, s) for s in comp.zero]
         self.staged_dst = [_view(S0, d) for d, _ in comp.staged]
         self.staged_src = [s for _, s in comp.staged]
@@ -328,42 +331,28 @@ class DeviceRunner:
     def _launch(self, st) -> None:
         get = self._get
         sends, dsts, srcs = [], [], []
-        if st.msgs:  # the round's messages, one after another in one buffer
-            buf = torch.empty(st.nbytes, dtype=torch.uint8, device=self.dev)
-            typed = {dt: buf.view(dt) for dt in st.dtypes}
-        for peer, off, nb, pieces, alias in st.msgs:
+        for peer, send, piece_dsts, piece_srcs, alias in st.msgs:  # (views of the arena, made once)
             if alias is not None:  # one tensor nobody writes any more: its bytes are the message
                 v = get(alias[0])
                 if v.dtype == alias[1] and v.is_contiguous():
                     sends.append((peer, v.view(-1).view(torch.uint8)))
                     continue
-            for (dt, size, stride, eoff), src in pieces:
-                dsts.append(torch.as_strided(typed[dt], size, stride, eoff))
-                srcs.append(get(src))
-            sends.append((peer, buf[off:off + nb]))
+            dsts += piece_dsts
+            srcs += [get(s) for s in piece_srcs]
+            sends.append((peer, send))
         if dsts:
             torch._foreach_copy_(dsts, srcs)
         self.pending[st.round] = self.comm.launch(st.round, sends, st.recvs)
 
     def _wait(self, st) -> None:
+        got = self.comm.wait(self.pending.pop(st.round))
+        if len(got) != st.n_msgs:
+            raise self._err(f"round {st.round}: {len(got)} messages arrived, expected {st.n_msgs}")
         S = self.S
-        bufs = self.comm.wait(self.pending.pop(st.round))
-        dsts, srcs = [], []
-        if len(bufs) != len(st.msgs):
-            raise self._err(f"round {st.round}: {len(bufs)} messages arrived, expected {len(st.msgs)}")
-        for (peer, nb, dtypes, regions, pieces), buf in zip(st.msgs, bufs):
-            # a Comm hands back what ``recvs`` asked for (InMemoryComm checks each message's shape and dtype)
-            base = buf.storage_offset()  # a message sent as it was may be a view
-            typed = {dt: (buf.view(dt), base // dt.itemsize) for dt in dtypes}
-            for space, (dt, size, stride, off) in regions:
-                t, t0 = typed[dt]
-                S[space] = torch.as_strided(t, size, stride, t0 + off)
-            for dst, (dt, size, stride, off) in pieces:
-                t, t0 = typed[dt]
-                dsts.append(dst)  # a bound slot view
-                srcs.append(torch.as_strided(t, size, stride, t0 + off))
-        if dsts:
-            torch._foreach_copy_(dsts, srcs)
+        for space, v in st.regions:  # received regions kept as they are (relayed inputs, partials)
+            S[space] = v
+        if st.dsts:
+            torch._foreach_copy_(st.dsts, st.srcs)
 
     def _compute(self, st) -> None:
         S, get, kern, scale, stat = self.S, self._get, self.kernels, self.scale, self.dt.stat
@@ -398,11 +387,11 @@ class DeviceRunner:
 
     # -- results
     def _results(self) -> list[torch.Tensor]:
-        S, get, dev, out = self.S, self._get, self.dev, []
+        S, get, dev, out, kept = self.S, self._get, self.dev, [], self.ws.arena.kept
         for recipe in self.comp.results:
             for r in recipe:
-                if r[0] == "whole":
-                    out.append(S[r[1]].to(r[2]))
+                if r[0] == "whole":  # a region of the arena is copied out: the next step overwrites it
+                    out.append(S[r[1]].to(r[2], copy=r[1] in kept))
                     continue
                 _, shape, dtype, dim, pieces, fills, empty = r
                 res = torch.empty(shape, dtype=dtype, device=dev)

@@ -9,7 +9,7 @@ the executor's host overhead (``dcp bench overhead``). Any data-dependent host o
   (as ``dcp.kernels`` defines them: o ``[Tq, Hq, D]`` in q's dtype, lse ``[Hq, Tq]`` in fp32, fp64 for
   fp64 inputs; gradients in ``out_dtype``); ``merge_into`` (log-sum-exp merge) and ``add_into`` (the
   executor's in-place sums of partial gradients) do nothing.
-- ``NoopComm``: ``launch`` allocates the receive buffers (as ``DistComm`` does), ``wait`` returns them.
+- ``NoopComm``: ``wait`` hands back the receive buffers ``launch`` was given, untouched.
 """
 from __future__ import annotations
 
@@ -49,13 +49,13 @@ class NoopKernels:
 
 
 class NoopComm:
-    """A ``Comm`` that moves nothing: ``wait`` hands back uninitialized buffers of the requested shapes."""
+    """A ``Comm`` that moves nothing: ``wait`` hands back the receive buffers as they were."""
 
     def __init__(self, device="meta"):
         self.device = torch.device(device)
 
     def launch(self, round, sends, recvs):
-        return [torch.empty(shape, dtype=dtype, device=self.device) for _, shape, dtype in recvs]
+        return [buf for _, buf in recvs]
 
     def wait(self, handle):
         return handle

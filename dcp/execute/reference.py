@@ -54,21 +54,23 @@ class _Endpoint:
             key = (round, self.rank, peer)
             if key in self.box.mail:
                 raise ExecutionError(f"round {round}: device {self.rank} sends to device {peer} twice")
-            self.box.mail[key] = t
+            # a copy, as a transport makes one: the sender may reuse its buffer once its own wait returns
+            self.box.mail[key] = t.clone()
         return round, list(recvs)
 
     def wait(self, handle):
         rnd, recvs = handle
         out = []
-        for peer, shape, dtype in recvs:
+        for peer, buf in recvs:
             t = self.box.mail.pop((rnd, peer, self.rank), None)
             if t is None:
                 raise ExecutionError(f"round {rnd}: device {self.rank} waits for a message from device {peer} "
                                      f"that was never sent")
-            if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-                raise ExecutionError(f"round {rnd}: device {self.rank} expects {tuple(shape)} {dtype} from device "
-                                     f"{peer}, got {tuple(t.shape)} {t.dtype}")
-            out.append(t)
+            if tuple(t.shape) != tuple(buf.shape) or t.dtype != buf.dtype:
+                raise ExecutionError(f"round {rnd}: device {self.rank} expects {tuple(buf.shape)} {buf.dtype} from "
+                                     f"device {peer}, got {tuple(t.shape)} {t.dtype}")
+            buf.copy_(t)
+            out.append(buf)
         return out
 
 

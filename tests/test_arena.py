@@ -1,0 +1,112 @@
+"""The message arena (``dcp.execute.arena``): every send and receive buffer of a device's program at a fixed
+offset of one allocation, reused by every step. Buffers alive at the same time must never share bytes, and
+no step may read a buffer after the last step its lifetime names (else the next buffer placed there
+corrupts it): checked geometrically on every device's program, and by running plans whose arenas are
+poisoned the moment each buffer's lifetime ends."""
+import pytest
+import torch
+from _dense import assert_matches_dense
+
+import dcp
+from dcp.baselines import BASELINES
+from dcp.execute.arena import plan_arena
+from dcp.execute.compile import Dtypes
+from dcp.execute.local import DeviceRunner
+from dcp.execute.tables import plan_tables
+from dcp.masks import CausalMask, LambdaMask, SharedQuestionMask
+from dcp.partition import GreedyPartitioner
+
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
+SPEC = dict(seqlens=[37, 5, 21, 2], heads=4, kv_heads=2, head_dim=8)
+MASKS = {"causal": CausalMask(), "lambda": LambdaMask(sink=3, window=9), "shared_question": SharedQuestionMask(0.3, 3)}
+
+
+def _plan(planner: str, mask: str, cluster=(2, 2)):
+    spec = dcp.BatchSpec(SPEC["seqlens"], MASKS[mask], SPEC["heads"], SPEC["kv_heads"], SPEC["head_dim"],
+                         dtype="float64")
+    if planner == "dcp":
+        p = dcp.DCPPlanner(dcp.PlannerConfig(block_size=4, head_block_size=2, partitioner=GreedyPartitioner(),
+                                             time_budget_s=None))
+    else:
+        p = BASELINES[planner]()
+    return p.plan(spec, dcp.Cluster(*cluster))
+
+
+PLANS = [("dcp", "causal"), ("dcp", "lambda"), ("dcp", "shared_question"), ("ring", "causal"),
+         ("zigzag", "lambda"), ("magi", "causal"), ("te_a2a_p2p", "causal")]
+
+
+def _arenas(plan):
+    tab = plan_tables(plan)
+    for direction in ("forward", "backward"):
+        for d in range(plan.n_devices):
+            comp = tab.compiled(direction, d, Dtypes.of(torch.float64))
+            yield direction, d, comp, plan_arena(comp)
+
+
+@pytest.mark.parametrize("planner,mask", PLANS)
+def test_live_buffers_never_share_bytes(planner, mask):
+    plan = _plan(planner, mask)
+    assert plan.stats().comm_bytes_total > 0  # data crosses devices: there are buffers to place
+    n_blocks = 0
+    for direction, d, comp, arena in _arenas(plan):
+        blocks = arena.blocks
+        n_blocks += len(blocks)
+        assert arena.nbytes <= sum(-(-b[2] // 8) * 8 for b in blocks)
+        for key, off, nb, first, last in blocks:
+            assert off % 8 == 0 and 0 <= off and off + nb <= arena.nbytes, (direction, d, key)
+            assert first <= last < len(comp.steps) + 1
+        for i, (k1, o1, n1, a1, b1) in enumerate(blocks):
+            for k2, o2, n2, a2, b2 in blocks[i + 1:]:
+                if a1 <= b2 and a2 <= b1:  # alive together
+                    assert o1 + n1 <= o2 or o2 + n2 <= o1, (direction, d, k1, k2)
+        # every launch's buffers are placed: its round's send buffer (if it sends) and each message it receives
+        for i, st in enumerate(comp.steps):
+            if st.code == "launch":
+                assert (i in arena.send) == bool(st.msgs)
+                assert all((i, j) in arena.recv for j in range(len(st.recvs)))
+    assert n_blocks > 0
+
+
+def test_the_arena_reuses_bytes():
+    """Pinned: on a multi-round plan, buffers whose lifetimes do not overlap share bytes, so the arena is
+    smaller than all its buffers together (it is what one step allocated at its peak, not their sum)."""
+    plan = _plan("ring", "causal", (1, 4))
+    reused = [(sum(b[2] for b in arena.blocks), arena.nbytes) for _, _, _, arena in _arenas(plan)]
+    assert all(total >= nbytes for total, nbytes in reused)
+    assert any(nbytes < total for total, nbytes in reused), reused
+
+
+@pytest.mark.parametrize("planner,mask", PLANS)
+def test_no_step_reads_a_buffer_after_its_lifetime(planner, mask, monkeypatch):
+    """Each arena buffer is filled with NaN right after the last step of its lifetime, on every device and in
+    both directions; results must still equal dense fp64 attention (and do not if a lifetime ends early)."""
+    plan = _plan(planner, mask)
+    step = DeviceRunner.step
+    poisoned = []
+
+    def poisoning_step(self, st):
+        step(self, st)
+        i = next(j for j, x in enumerate(self.steps) if x is st)
+        for _, off, nb, _, last in self.ws.arena.blocks:
+            if last == i:
+                self.ws.arena_buf[off:off + nb].fill_(255)  # all-ones bytes: NaN in every float dtype
+                poisoned.append(nb)
+
+    monkeypatch.setattr(DeviceRunner, "step", poisoning_step)
+    assert_matches_dense(plan)
+    assert poisoned  # the hook ran
+
+
+def test_results_survive_the_next_step():
+    """The arena is overwritten by the next layer's step: nothing a step returns may be a view of it."""
+    plan = _plan("dcp", "causal")
+    ex = dcp.ReferenceExecutor()
+    g = torch.Generator().manual_seed(1)
+    t = plan.spec.total_tokens
+    q, k, v = (torch.randn(t, h, 8, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    o, lse = ex.run_forward(plan, q, k, v)
+    o_saved, lse_saved = o.clone(), lse.clone()
+    ex.run_forward(plan, q * 2, k.flip(0), v + 1)
+    assert torch.equal(o, o_saved) and torch.equal(lse, lse_saved)
