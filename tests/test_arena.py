@@ -110,3 +110,53 @@ def test_results_survive_the_next_step():
     o_saved, lse_saved = o.clone(), lse.clone()
     ex.run_forward(plan, q * 2, k.flip(0), v + 1)
     assert torch.equal(o, o_saved) and torch.equal(lse, lse_saved)
+
+
+def test_batched_views_are_the_views_one_by_one():
+    """``batch_views``: one ``tensor_split`` per space for its disjoint row ranges must give exactly the views
+    ``Spec`` by ``Spec`` would (same storage offset, shape, strides), for [T, H, D] and [H, T] spaces, ranges
+    starting at row 0 and ending at the last row, overlapping and empty ranges, head slices, whole tensors,
+    repeats and already bound tensors."""
+    from dcp.execute.compile import Spec
+    from dcp.execute.local import batch_views
+
+    S = [torch.empty(40, 4, 8), torch.empty(4, 40), torch.empty(40, 2, 8)]
+    bound = S[0][3:9]
+
+    def check(specs):
+        one = DeviceRunner.__new__(DeviceRunner)
+        one.S, one.V = S, [None] * len(specs)
+        want = [one._get(s) for s in specs]
+        one.V = [None] * len(specs)
+        vb = batch_views(specs)
+        got = one._views(vb)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if w.numel() == 0:  # (an empty view's data pointer means nothing)
+                assert g.shape == w.shape
+                continue
+            assert (g.shape, g.stride(), g.storage_offset(), g.data_ptr()) == \
+                (w.shape, w.stride(), w.storage_offset(), w.data_ptr()), specs
+        return vb
+
+    rng = torch.Generator().manual_seed(0)
+    draw = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=rng))  # noqa: E731
+    for _ in range(60):
+        specs = []
+        for space in range(3):  # disjoint ranges cut from a partition of the rows, then some others
+            cuts = sorted({0, 40, *(draw(1, 40) for _ in range(draw(0, 6)))})
+            for a, b in zip(cuts, cuts[1:]):
+                if draw(0, 3):
+                    specs.append((space, a, b, None))
+        for _ in range(draw(0, 5)):
+            space, a = draw(0, 3), draw(0, 40)
+            kind = draw(0, 4)
+            specs.append((space, None, None, None) if kind == 0 else "bound" if kind == 1 else
+                         (space, a, draw(a, 41), slice(1, 2) if kind == 2 else None))
+        order = torch.randperm(len(specs), generator=rng).tolist()
+        check([bound if specs[j] == "bound" else Spec(*specs[j], S[specs[j][0]].dim(), n)
+               for n, j in enumerate(order)])
+    # pinned: a space with several disjoint ranges (one from row 0, one to the last row) is split once
+    vb = check([Spec(0, 0, 5, None, 3, 0), Spec(0, 5, 9, None, 3, 1), Spec(0, 20, 40, None, 3, 2),
+                Spec(1, 0, 10, None, 2, 3), Spec(1, 30, 40, None, 2, 4), Spec(2, 4, 9, None, 3, 5)])
+    assert len(vb.groups) == 2 and [g for g, _ in vb.picks] == [0, 0, 0, 1, 1, -1]

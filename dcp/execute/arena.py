@@ -42,6 +42,7 @@ class BoundLaunch(NamedTuple):
     round: int
     msgs: tuple        # ((peer, send view, (piece dst views), (piece src Specs), alias (Spec, dtype) | None), ...)
     recvs: tuple       # ((peer, receive view), ...)
+    srcs: object = None  # the piece sources of every message, batched (``dcp.execute.local.ViewBatch``)
 
 
 class BoundWait(NamedTuple):

@@ -47,7 +47,7 @@ them; ``partial_dtype`` may raise partials to fp32) and lse/delta in fp32 (fp64 
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -180,12 +180,51 @@ def _cut(t: torch.Tensor, a: int, b: int, h, dim: int) -> torch.Tensor:
     return t[:, a:b] if h is None else t[h, a:b]
 
 
+class ViewBatch(NamedTuple):
+    """Views that one step makes together: per (space, layout) with several disjoint row ranges, ONE
+    ``tensor_split`` of the space's tensor (one dispatch for all its views); the rest one by one."""
+    groups: tuple    # ((space, split dim, cut rows), ...)
+    picks: tuple     # per view: (group, part) | (-1, Spec or bound tensor)
+
+
+def batch_views(specs) -> ViewBatch:
+    """The ``ViewBatch`` of ``specs`` (``Spec`` or bound tensors), in their order."""
+    ranges: dict = {}
+    for s in specs:
+        if s.__class__ is Spec and s.a is not None and s.heads is None and s.b > s.a:
+            ranges.setdefault((s.space, s.dim), set()).add((s.a, s.b))
+    groups, where = [], {}
+    for (space, dim), rr in ranges.items():
+        rr = sorted(rr)
+        if len(rr) < 2 or any(b > a2 for (_, b), (a2, _) in zip(rr, rr[1:])):
+            continue  # one view (as cheap alone), or overlapping ranges (no partition has both)
+        cuts = sorted({x for r in rr for x in r})
+        g = len(groups)
+        groups.append((space, 0 if dim == 3 else 1, tuple(cuts)))
+        where.update({(space, dim, a, b): (g, cuts.index(a) + 1) for a, b in rr})
+    picks = tuple(where.get((s.space, s.dim, s.a, s.b), (-1, s)) if s.__class__ is Spec and s.heads is None
+                  and s.a is not None else (-1, s) for s in specs)
+    return ViewBatch(tuple(groups), picks)
+
+
+def _batch_merges(merges) -> tuple:
+    """A step's merges with their views batched: (widen, (the O merges' views, 4 each), ((n dsts, views of
+    dsts + srcs), ...) per sum layer)."""
+    widen, o_merges, layers = merges
+    return (widen, batch_views([s for p in o_merges for s in p]) if o_merges else None,
+            tuple((len(dsts), batch_views(dsts + srcs)) for dsts, srcs in layers))
+
+
 def _bind(st, fn):
     """Compute step ``st`` with the ``Spec`` of every view that may name a slot buffer replaced by ``fn(spec)``
     (Launch and Wait steps are bound by ``dcp.execute.arena.bind_arena``)."""
     if st.code == "compute":
         return st._replace(calls=tuple((tuple(fn(s) for s in qs), tuple(fn(s) for s in kvs), table, outs)
-                                       for qs, kvs, table, outs in st.calls))
+                                       for qs, kvs, table, outs in st.calls), merges=_batch_merges(st.merges))
+    if st.code == "reduce":
+        return st._replace(merges=_batch_merges(st.merges))
+    if st.code == "launch":
+        return st._replace(srcs=batch_views([s for m in st.msgs for s in m[3]]))
     return st
 
 
@@ -325,20 +364,28 @@ class DeviceRunner:
             self.V[vid] = t
         return t
 
+    def _views(self, vb: ViewBatch) -> list:
+        """The tensors of a ``ViewBatch``, now."""
+        S, get = self.S, self._get
+        parts = [S[space].tensor_split(cuts, dim) for space, dim, cuts in vb.groups]
+        return [parts[g][i] if g >= 0 else get(i) for g, i in vb.picks]
+
     def _err(self, msg: str) -> ExecutionError:
         return ExecutionError(f"{self.direction} device {self.rank}: {msg}")
 
     def _launch(self, st) -> None:
         get = self._get
-        sends, dsts, srcs = [], [], []
+        sends, dsts, srcs, at = [], [], [], 0
+        views = self._views(st.srcs) if st.srcs.picks else ()
         for peer, send, piece_dsts, piece_srcs, alias in st.msgs:  # (views of the arena, made once)
+            a, at = at, at + len(piece_srcs)
             if alias is not None:  # one tensor nobody writes any more: its bytes are the message
                 v = get(alias[0])
                 if v.dtype == alias[1] and v.is_contiguous():
                     sends.append((peer, v.view(-1).view(torch.uint8)))
                     continue
             dsts += piece_dsts
-            srcs += [get(s) for s in piece_srcs]
+            srcs += views[a:at]
             sends.append((peer, send))
         if dsts:
             torch._foreach_copy_(dsts, srcs)
@@ -374,16 +421,19 @@ class DeviceRunner:
         self._merge(st.merges)
 
     def _merge(self, merges) -> None:
-        widen, o_merges, layers = merges
-        S, get, stat = self.S, self._get, self.dt.stat
+        widen, o_views, layers = merges
+        S, stat = self.S, self.dt.stat
         for s in widen:
             t = S[s]
             if t.dtype != stat:
                 S[s] = t.to(stat)
-        for p in o_merges:
-            self.kernels.merge_into(get(p[0]), get(p[1]), get(p[2]), get(p[3]))
-        for dsts, srcs in layers:
-            self.add_into([get(s) for s in dsts], [get(s) for s in srcs])
+        if o_views is not None:
+            v = self._views(o_views)
+            for i in range(0, len(v), 4):
+                self.kernels.merge_into(v[i], v[i + 1], v[i + 2], v[i + 3])
+        for n, vb in layers:
+            v = self._views(vb)
+            self.add_into(v[:n], v[n:])
 
     # -- results
     def _results(self) -> list[torch.Tensor]:
