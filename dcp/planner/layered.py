@@ -109,7 +109,7 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     plans = tuple(dataclasses.replace(p, planning_time_s=elapsed) for p in plans)
     meta = {"layered_lead_kind": lead, "layered_chosen": chosen.per_kind[0].label,
             "est_step_ms": round(chosen.step_s * 1e3, 5),
-            "layered_candidates": json.dumps({s.per_kind[0].label: round(s.step_s * 1e3, 4) for s in scored},
+            "layered_candidates": json.dumps({s.per_kind[0].label: round(s.step_s * 1e3, 5) for s in scored},
                                              sort_keys=True)}
     return LayeredPlan(spec, plans, planner.name, elapsed, meta)
 
