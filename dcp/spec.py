@@ -20,6 +20,10 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+#: bytes of block pair counts a ``BatchSpec`` keeps (``BatchSpec.block_pair_counts``)
+PAIR_COUNTS_CACHE_BYTES = 64 << 20
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     """A packed batch of variable-length sequences, each with an attention mask.
@@ -140,6 +144,24 @@ class BatchSpec:
                 raise
             self._ranges_cache[key] = cached
         return cached
+
+    def block_pair_counts(self, seq: int, bounds: np.ndarray) -> np.ndarray:
+        """Attended pairs between the blocks ``bounds`` cuts sequence ``seq`` into: int64 ``[n, n]`` (q, kv),
+        read-only (``dcp.layout.blocks.pair_counts``). Cached per (mask, length, bounds) up to
+        ``PAIR_COUNTS_CACHE_BYTES``: a planner evaluates dozens of layouts that cut most sequences alike."""
+        from dcp.masks.box_counts import box_counts
+
+        b = np.ascontiguousarray(bounds, dtype=np.int64)
+        key = ("counts", self.masks[seq], self.seqlens[seq], b.tobytes())
+        got = self._ranges_cache.get(key)
+        if got is None:
+            got = box_counts(self.kv_ranges(seq), b, b)
+            got.setflags(write=False)
+            held = self._ranges_cache.get(("counts_bytes",), 0)
+            if held + got.nbytes <= PAIR_COUNTS_CACHE_BYTES:
+                self._ranges_cache[key] = got
+                self._ranges_cache[("counts_bytes",)] = held + got.nbytes
+        return got
 
     def describe(self) -> dict:
         """JSON-able description; ``BatchSpec.from_description`` inverts it."""

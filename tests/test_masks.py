@@ -491,3 +491,32 @@ def test_draw_command_line(tmp_path):
     out2 = tmp_path / "doc.png"
     assert mask_main(None, ["document", str(out2), "--seqlen", "30", "doc_lengths=10,20"]) == 0
     assert out2.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_block_pair_counts_are_cached_exact_and_read_only(monkeypatch):
+    """``BatchSpec.block_pair_counts`` (the planner's tile counts, cached per mask, length and bounds) equals
+    the uncached count for every sequence and cut, returns the cached array on a repeat, cannot be written,
+    and stops caching (still exact) once the cache holds its byte cap."""
+    import dcp.spec as spec_mod
+    from dcp.layout.blocks import pair_counts
+    from dcp.spec import BatchSpec
+
+    lens = [40, 40, 17, 64]
+    masks = [CausalMask(), CausalMask(), LambdaMask(sink=2, window=5), SlidingWindowMask(window=9)]
+    spec = BatchSpec(lens, masks, 4, 2, 8)
+    rng = np.random.default_rng(0)
+    for seq, n in enumerate(lens):
+        for _ in range(4):
+            cuts = np.unique(np.r_[0, rng.integers(1, n, size=rng.integers(0, 5)), n])
+            got = spec.block_pair_counts(seq, cuts)
+            np.testing.assert_array_equal(got, pair_counts(spec.kv_ranges(seq), cuts))
+            assert spec.block_pair_counts(seq, cuts.tolist()) is got
+            with pytest.raises(ValueError):
+                got[0, 0] = 1
+    # sequences 0 and 1 share mask and length: one entry serves both
+    assert spec.block_pair_counts(1, np.array([0, 20, 40])) is spec.block_pair_counts(0, np.array([0, 20, 40]))
+    monkeypatch.setattr(spec_mod, "PAIR_COUNTS_CACHE_BYTES", 0)
+    fresh = BatchSpec(lens, masks, 4, 2, 8)
+    a = fresh.block_pair_counts(3, np.array([0, 30, 64]))
+    np.testing.assert_array_equal(a, pair_counts(fresh.kv_ranges(3), np.array([0, 30, 64])))
+    assert fresh.block_pair_counts(3, np.array([0, 30, 64])) is not a

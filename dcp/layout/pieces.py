@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dcp.errors import InvalidConfigError
-from dcp.layout.blocks import BlockLayout, TileSet, nothing_to_attend, pair_counts, tile_flops
+from dcp.layout.blocks import BlockLayout, TileSet, nothing_to_attend, tile_flops
 from dcp.spec import BatchSpec
 
 try:  # the C++ counts, when the extension is built
@@ -95,7 +95,7 @@ def grouped_pair_counts_reference(spec: BatchSpec, pieces, piece_block: np.ndarr
     keys, cols, moments = [], [], []
     for seq in range(spec.num_seqs):
         lo, hi = int(pieces.seq_tb_ptr[seq]), int(pieces.seq_tb_ptr[seq + 1])
-        counts = pair_counts(spec.kv_ranges(seq), pieces.seq_bounds(seq))
+        counts = spec.block_pair_counts(seq, pieces.seq_bounds(seq))
         qi, ki = np.nonzero(counts)
         if qi.size == 0:
             continue

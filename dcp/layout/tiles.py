@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcp.layout.blocks import BlockLayout, TileSet, nothing_to_attend, pair_counts, tile_flops
+from dcp.layout.blocks import BlockLayout, TileSet, nothing_to_attend, tile_flops
 from dcp.layout.pieces import enumerate_grouped_tiles
 from dcp.spec import BatchSpec
 
@@ -19,7 +19,7 @@ def enumerate_tiles(spec: BatchSpec, layout: BlockLayout) -> TileSet:
     q_parts, k_parts, c_parts = [], [], []
     for seq in range(spec.num_seqs):
         bounds = layout.seq_bounds(seq)
-        counts = pair_counts(spec.kv_ranges(seq), bounds)
+        counts = spec.block_pair_counts(seq, bounds)
         qi, ki = np.nonzero(counts)
         base = layout.seq_tb_ptr[seq]
         q_parts.append(qi + base)
