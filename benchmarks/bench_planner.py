@@ -72,6 +72,9 @@ def main(argv=None) -> int:
                         first = False
                     planners += [(n, None, BASELINES[n]()) for n in BASELINE_NAMES]
                     for name, variant, planner in planners:
+                        # a fresh BatchSpec per plan: a trainer plans each batch once, and the spec caches
+                        # what a planner derives from it (validated ranges, block pair counts)
+                        spec = BatchSpec(lens, mask, 8, 2, 128, "bfloat16")
                         with warnings.catch_warnings(record=True) as caught:
                             warnings.simplefilter("always")
                             t0 = time.perf_counter()
