@@ -64,7 +64,11 @@ def test_four_processes_match_one_process(tmp_path, single):
                                        msg=lambda m: f"rank {r}, gradient of {name}: {m}")
     # background planning: after the first step, most of the planning was hidden behind training (a planner
     # that ran in the step would make the steps wait at least as long as it planned; on this 2-core machine
-    # four ranks and the planner share the cores, so a step may still wait a little)
-    waited, planned = sum(outs[0]["waited_s"][1:]), sum(outs[0]["planning_s"][1:])
-    assert planned > 0 and waited <= 0.5 * planned, (outs[0]["waited_s"], outs[0]["planning_s"])
-    assert sum(outs[0]["waited"][1:]) <= 2, outs[0]["waited"]
+    # four ranks and the planner share the cores, so a step may still wait a little). A step counts as
+    # late when it waited more than a quarter of its plan's planning time: a few tens of milliseconds
+    # against ~0.4 s of planning is overlap (the message-arena executor made steps short enough for such
+    # waits); a planner in the step would make every step late
+    waited_s, planning_s = outs[0]["waited_s"][1:], outs[0]["planning_s"][1:]
+    assert sum(planning_s) > 0 and sum(waited_s) <= 0.5 * sum(planning_s), (waited_s, planning_s)
+    late = [w > 0.25 * p for w, p in zip(waited_s, planning_s)]
+    assert sum(late) <= 2, (waited_s, planning_s)
