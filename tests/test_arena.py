@@ -160,3 +160,21 @@ def test_batched_views_are_the_views_one_by_one():
     vb = check([Spec(0, 0, 5, None, 3, 0), Spec(0, 5, 9, None, 3, 1), Spec(0, 20, 40, None, 3, 2),
                 Spec(1, 0, 10, None, 2, 3), Spec(1, 30, 40, None, 2, 4), Spec(2, 4, 9, None, 3, 5)])
     assert len(vb.groups) == 2 and [g for g, _ in vb.picks] == [0, 0, 0, 1, 1, -1]
+
+
+def test_a_result_that_would_be_an_arena_region_is_refused():
+    """Local results must outlive the step: the compiler adopts only kernel outputs whole, and ``plan_arena``
+    refuses a program whose result would be a received region (the next layer overwrites the arena)."""
+    import dataclasses
+
+    from dcp.errors import ExecutionError
+
+    plan = _plan("ring", "causal", (1, 4))
+    for _, _, comp, arena in _arenas(plan):
+        if arena.kept:
+            space = sorted(arena.kept)[0]
+            bad = dataclasses.replace(comp, results=((("whole", space, torch.float64),),) + tuple(comp.results[1:]))
+            with pytest.raises(ExecutionError, match="view of the message arena"):
+                plan_arena(bad)
+            return
+    pytest.fail("no program keeps a received region")

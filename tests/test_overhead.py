@@ -132,7 +132,7 @@ def test_buffers_reused_across_steps_stay_exact(hbs):
     assert tab._workspaces and not any(ws.busy for ws in tab._workspaces.values())
     # a runner of device 0 holds its workspace while the whole plan runs again: that run gets its own
     home = meta_home(plan, 0, "forward", torch.float64, "cpu")
-    held = DeviceRunner(plan, 0, "forward", home, NoopComm("cpu"), NoopKernels(), 1.0)
+    held = DeviceRunner(plan, 0, "forward", home, NoopComm(), NoopKernels(), 1.0)
     assert held.ws.busy
     _check(plan, ex, 2)
     assert held.ws.busy and held.ws is tab._workspaces[next(k for k in tab._workspaces if k[:2] == ("forward", 0))]

@@ -11,8 +11,8 @@ Lifetimes, in step indices of the compiled program (``dcp.execute.compile``):
   ``Comm.wait`` returns after every transfer of the round, sends included);
 - a received message lives from its ``Launch`` (the receive is posted into it) to its ``Wait`` — or, when
   some of its regions are kept (relayed inputs, partials that become accumulators), to the last step that
-  reads one of those regions; a region the local results take whole lives to the end (results copy it
-  out: the arena is overwritten by the next layer).
+  reads one of those regions; a region the local results read lives to the end (they copy it out: the
+  arena is overwritten by the next layer, and a result that would be a region itself is refused).
 Buffers whose lifetimes overlap never share bytes: ``plan_arena`` places them greedily, largest first, at
 the lowest offset free during their lifetime (offsets multiples of 8 bytes, as message regions are), so
 the arena is close to the peak of bytes in flight, which a step without it allocated too.
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from dcp.errors import ExecutionError
 
 _ALIGN = 8
 
@@ -108,6 +110,9 @@ def plan_arena(comp) -> Arena:
             spaces = [space for space, _ in regions]
             kept.update(spaces)
             blocks.append((nb, i, max([w] + [last.get(s, w) for s in spaces]), ("recv", i, j)))
+    whole = {r[1] for recipe in comp.results for r in recipe if r[0] == "whole"}
+    if whole & kept:  # the compiler adopts only kernel outputs whole; results never alias the arena
+        raise ExecutionError(f"a local result would be a view of the message arena (spaces {sorted(whole & kept)})")
     placed: list = []   # (offset, end offset, first, last)
     out: list = []
     top = 0
@@ -139,7 +144,7 @@ def bind_arena(comp, arena: Arena, device: torch.device, bind) -> tuple:
             t = typed[dt] = buf.view(dt)
         return torch.as_strided(t, size, stride, base // dt.itemsize + off)
 
-    steps, recv_views = [], {}
+    steps, recv_at = [], {}
     for i, st in enumerate(comp.steps):
         if st.code == "launch":
             base = arena.send.get(i, 0)
@@ -150,10 +155,10 @@ def bind_arena(comp, arena: Arena, device: torch.device, bind) -> tuple:
             for j, (peer, (nb,), _) in enumerate(st.recvs):
                 at = arena.recv[i, j]
                 recvs.append((peer, buf[at:at + nb]))
-            recv_views[st.round] = [arena.recv[i, j] for j in range(len(st.recvs))]
+            recv_at[st.round] = [arena.recv[i, j] for j in range(len(st.recvs))]
             steps.append(BoundLaunch("launch", st.n_ir, st.round, msgs, tuple(recvs)))
         elif st.code == "wait":
-            bases = recv_views[st.round]
+            bases = recv_at[st.round]
             regions, dsts, srcs = [], [], []
             for (_, _, _, regs, pieces), base in zip(st.msgs, bases):
                 regions += [(space, view(g, base)) for space, g in regs]

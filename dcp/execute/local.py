@@ -437,11 +437,11 @@ class DeviceRunner:
 
     # -- results
     def _results(self) -> list[torch.Tensor]:
-        S, get, dev, out, kept = self.S, self._get, self.dev, [], self.ws.arena.kept
+        S, get, dev, out = self.S, self._get, self.dev, []
         for recipe in self.comp.results:
             for r in recipe:
-                if r[0] == "whole":  # a region of the arena is copied out: the next step overwrites it
-                    out.append(S[r[1]].to(r[2], copy=r[1] in kept))
+                if r[0] == "whole":  # a kernel output, never a region of the arena (``plan_arena`` checks)
+                    out.append(S[r[1]].to(r[2]))
                     continue
                 _, shape, dtype, dim, pieces, fills, empty = r
                 res = torch.empty(shape, dtype=dtype, device=dev)
