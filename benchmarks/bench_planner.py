@@ -8,7 +8,7 @@ zigzag, te_a2a_p2p, megatron_dyncp. Several batches per cell; the summary report
 is end to end: spec -> validated forward + backward plans; run it on a quiet machine (a partitioner
 sharing its cores with other work takes longer). It is the time per batch of a process that plans every
 batch, as a trainer does: torch is imported before any timing (the planner's C++ loops take torch
-tensors; a trainer has it loaded, and importing it costs ~2.5 s here), and the first plan of the process,
+tensors; a trainer has it loaded, and importing it takes seconds), and the first plan of the process,
 which also pays one-time initialisation, is timed on its own and written as variant ``first_call``
 (the first cell's first batch, default configuration), outside the summary.
 
