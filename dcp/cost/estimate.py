@@ -4,7 +4,8 @@ The planner compares many candidate placements and schedules; the discrete-event
 (``dcp.sim.simulate``, ~0.1 s per direction) is too slow for that, so this estimate follows the same
 program structure (``dcp.schedule.build``: per round r, launch r, compute stage r−1, wait r, merge what arrived)
 and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`` per merge, the
-backward's delta first), vectorized over devices round by round. Only the network is simplified: a
+backward's delta first), round by round: ``rounds_end_s_reference`` in numpy, vectorized over devices,
+and the same loop in C++ (``dcp._C.estimate_rounds``), which the planner uses when the extension is built. Only the network is simplified: a
 round's flows (coalesced per sender and receiver, as the simulator does) all start at the later of their
 two ends' launches plus the link latency, and each finishes when the busiest resource it crosses
 (sender port, receiver port, and across nodes the two NICs, as the profile groups GPUs onto NICs) has
@@ -22,6 +23,13 @@ from dcp.cost import CostModel
 from dcp.layout.blocks import BlockLayout, TileSet
 from dcp.layout.units import LSE_BYTES, Kind, bytes_per_token
 from dcp.spec import BatchSpec
+
+try:  # the C++ loop, when the extension is built
+    from dcp import _C  # type: ignore[attr-defined]
+
+    _NATIVE = hasattr(_C, "estimate_rounds")
+except ImportError:
+    _C, _NATIVE = None, False
 
 if TYPE_CHECKING:  # the schedule stands on this estimate's cost model, not the other way
     from dcp.schedule.stages import Schedule
@@ -57,7 +65,6 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
     direction = sched.direction
     n, gpn = cluster.n_devices, cluster.gpus_per_node
     comp = stage_compute_s(layout, tiles, np.asarray(tile_device), sched.tile_stage, cost, direction, n)
-    n_stages = comp.shape[1]
     bpt = bytes_per_token(spec, layout)
     ins, outs = sched.routes.inputs, sched.routes.outputs
     in_kind, out_kind = _IN_KINDS[direction], _OUT_KINDS[direction]
@@ -84,25 +91,51 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         ub = per_token[okind[first]] * layout.tb_len[o[first, 1]]
         np.add.at(red, (o[first, 4], o[first, 5]), cost.memory_bound_s((2 + cnt) * ub))
         np.add.at(n_merges, (o[first, 4], o[first, 5]), 1)
-    # flows: one per (round, src, dst)
-    if tr.size:
-        fkey = (tr[:, 5] * n + tr[:, 3]) * n + tr[:, 4]
-        fk, f_inv = np.unique(fkey, return_inverse=True)
-        f_bytes = np.bincount(f_inv, weights=nbytes, minlength=fk.size)
-        f_round, f_src, f_dst = fk // (n * n), fk // n % n, fk % n
-        local = f_src == f_dst
-    t = np.full(n, p.program_overhead_us * 1e-6)
+    t0 = np.full(n, p.program_overhead_us * 1e-6)
     hc = cost.host_s()
-    host = np.full(n, hc.program)  # when each device's host has issued its last instruction (GPUProfile.host_*)
+    host0 = np.full(n, hc.program)  # when each device's host has issued its last instruction (GPUProfile.host_*)
     if direction == "backward":
         tokens = np.bincount(home, weights=layout.tb_len, minlength=n)
         per_tok = spec.num_heads * (2 * spec.head_dim * spec.element_bytes + LSE_BYTES)
         has = tokens > 0
-        host = host + np.where(has, hc.compute, 0.0)
-        t = t + np.where(has, host + cost.memory_bound_s(tokens * per_tok), 0.0)
-    round_over = p.round_overhead_us * 1e-6
-    per_nic, n_nics, nic = cost.nic_layout(gpn, cluster.nodes)
-    port, lat = p.nvlink_gbps * 1e9, p.link_latency_us * 1e-6
+        host0 = host0 + np.where(has, hc.compute, 0.0)
+        t0 = t0 + np.where(has, host0 + cost.memory_bound_s(tokens * per_tok), 0.0)
+    per_nic, _, nic = cost.nic_layout(gpn, cluster.nodes)
+    args = (tr[:, 5], tr[:, 3], tr[:, 4], np.asarray(nbytes, np.float64), comp, red, n_merges, t0, host0, hc,
+            p.round_overhead_us * 1e-6, p.link_latency_us * 1e-6, p.nvlink_gbps * 1e9, nic, gpn, per_nic)
+    return rounds_end_s(*args) if _NATIVE else rounds_end_s_reference(*args)
+
+
+def rounds_end_s(round_, src, dst, nbytes, comp, red, n_merges, t0, host0, hc, round_over, latency, port, nic,
+                 gpus_per_node, per_nic) -> np.ndarray:
+    """``rounds_end_s_reference`` in C++ (``dcp._C.estimate_rounds``, csrc/estimate.cpp): the same times."""
+    import torch
+
+    i64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
+    f64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))  # noqa: E731
+    return _C.estimate_rounds(i64(round_), i64(src), i64(dst), f64(nbytes), f64(comp), f64(red), f64(n_merges),
+                              f64(t0), f64(host0), [hc.launch, hc.message, hc.wait, hc.compute, hc.reduce],
+                              float(round_over), float(latency), float(port), float(nic), int(gpus_per_node),
+                              int(per_nic)).numpy()
+
+
+def rounds_end_s_reference(round_, src, dst, nbytes, comp, red, n_merges, t0, host0, hc, round_over, latency, port,
+                           nic, gpus_per_node, per_nic) -> np.ndarray:
+    """float ``[n_devices]``: when each device's stream ends, round by round (module docstring).
+
+    ``round_``/``src``/``dst``/``nbytes``: one entry per transfer (coalesced here per round, sender and
+    receiver); ``comp`` ``[n, n_stages]`` stage compute seconds; ``red``/``n_merges`` ``[n, n_rounds + 1]``
+    merge seconds and counts per (receiver, round); ``t0``/``host0`` ``[n]`` when stream and host start;
+    ``hc``: ``HostCosts``; ``port``/``nic`` in bytes/s, ``per_nic`` GPUs share a NIC."""
+    n, gpn = t0.size, gpus_per_node
+    n_rounds, n_stages = red.shape[1] - 1, comp.shape[1]
+    fkey = (np.asarray(round_, np.int64) * n + src) * n + dst
+    fk, f_inv = np.unique(fkey, return_inverse=True)
+    f_bytes = np.bincount(f_inv, weights=nbytes, minlength=fk.size)
+    f_round, f_src, f_dst = fk // (n * n), fk // n % n, fk % n
+    local = f_src == f_dst
+    n_nics = n // per_nic
+    t, host = np.array(t0, dtype=float), np.array(host0, dtype=float)
     for r in range(1, max(n_rounds, n_stages) + 1):
         msgs = np.zeros(n)
         sel = np.flatnonzero(f_round == r) if r <= n_rounds else np.zeros(0, dtype=np.int64)
@@ -121,20 +154,20 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         t = np.where(busy, np.maximum(t, host), t)
         if r <= n_rounds:
             if sel.size:
-                src, dst, b = f_src[sel], f_dst[sel], f_bytes[sel]
-                start = np.maximum(post[src], post[dst]) + np.where(local[sel], 0.0, lat)
-                cross = (src // gpn) != (dst // gpn)
-                drain = np.maximum(np.bincount(src, weights=b, minlength=n)[src],
-                                   np.bincount(dst, weights=b, minlength=n)[dst]) / port
+                src_s, dst_s, b = f_src[sel], f_dst[sel], f_bytes[sel]
+                start = np.maximum(post[src_s], post[dst_s]) + np.where(local[sel], 0.0, latency)
+                cross = (src_s // gpn) != (dst_s // gpn)
+                drain = np.maximum(np.bincount(src_s, weights=b, minlength=n)[src_s],
+                                   np.bincount(dst_s, weights=b, minlength=n)[dst_s]) / port
                 if cross.any():
-                    out_n = np.bincount(src[cross] // per_nic, weights=b[cross], minlength=n_nics)
-                    in_n = np.bincount(dst[cross] // per_nic, weights=b[cross], minlength=n_nics)
-                    drain = np.where(cross, np.maximum(drain, np.maximum(out_n[src // per_nic],
-                                                                         in_n[dst // per_nic]) / nic), drain)
+                    out_n = np.bincount(src_s[cross] // per_nic, weights=b[cross], minlength=n_nics)
+                    in_n = np.bincount(dst_s[cross] // per_nic, weights=b[cross], minlength=n_nics)
+                    drain = np.where(cross, np.maximum(drain, np.maximum(out_n[src_s // per_nic],
+                                                                         in_n[dst_s // per_nic]) / nic), drain)
                 fin = start + np.where(local[sel], 0.0, drain)
                 done = np.zeros(n)
-                np.maximum.at(done, src, fin)
-                np.maximum.at(done, dst, fin)
+                np.maximum.at(done, src_s, fin)
+                np.maximum.at(done, dst_s, fin)
                 t = np.maximum(t, done)  # both ends wait for every flow of the round
             m = n_merges[:, r] > 0
             host = host + hc.reduce * n_merges[:, r]

@@ -39,6 +39,13 @@ from dcp.layout.units import Kind, bytes_per_token
 from dcp.schedule.rounds import input_rounds
 from dcp.spec import BatchSpec
 
+try:  # the C++ loop, when the extension is built
+    from dcp import _C  # type: ignore[attr-defined]
+
+    _NATIVE_STAGES = hasattr(_C, "tile_stages")
+except ImportError:
+    _C, _NATIVE_STAGES = None, False
+
 ROUTE_COLUMNS = ("side", "tb", "hb", "src", "dst", "round")  # side 0: q side, 1: kv side
 IN_KINDS = {"forward": (Kind.Q, Kind.KV), "backward": (Kind.QG, Kind.KV)}
 DIRECTIONS = ("forward", "backward")
@@ -160,7 +167,23 @@ def round_durations(dm: Demands, arrival: np.ndarray, source: np.ndarray, cluste
 
 
 def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarray, tile_time: np.ndarray,
-                staged: np.ndarray, n_stages: int, round_s: np.ndarray | None = None) -> np.ndarray:
+                staged: np.ndarray, n_stages: int, round_s: np.ndarray | None = None,
+                native: bool | None = None) -> np.ndarray:
+    """``tile_stages_reference``'s stages; ``native``: force (True) or forbid (False) its C++ loop
+    (``dcp._C.tile_stages``, csrc/stages.cpp; None: use it when built)."""
+    if not (_NATIVE_STAGES if native is None else native):
+        return tile_stages_reference(tile_device, release, out_unit, tile_time, staged, n_stages, round_s)
+    import torch
+
+    i64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
+    f64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))  # noqa: E731
+    return _C.tile_stages(i64(tile_device), i64(release), i64(out_unit), f64(tile_time),
+                          torch.from_numpy(np.ascontiguousarray(staged, dtype=bool)), int(n_stages),
+                          None if round_s is None else f64(round_s)).numpy()
+
+
+def tile_stages_reference(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarray, tile_time: np.ndarray,
+                          staged: np.ndarray, n_stages: int, round_s: np.ndarray | None = None) -> np.ndarray:
     """Stage of every tile (module docstring). ``release[t]``: the round its last input arrives (0:
     local inputs, and then local outputs too); ``out_unit[t]``: a partial output of the tile that
     belongs to another device (-1: none) — tiles of one such unit are kept together, units whose tiles
@@ -170,6 +193,8 @@ def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarr
     next round's transfers where it has the work (``round_s``, ``round_durations``); others compute
     everything as soon as it is released: at most two fused calls."""
     stage = np.array(release, dtype=np.int64)
+    if stage.size == 0:
+        return stage
     order = np.lexsort((np.arange(tile_device.size), tile_device))
     cuts = np.flatnonzero(np.r_[True, tile_device[order][1:] != tile_device[order][:-1], True])
     for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
@@ -186,7 +211,7 @@ def tile_stages(tile_device: np.ndarray, release: np.ndarray, out_unit: np.ndarr
             unit_ready = np.zeros(uu.size, dtype=np.int64)
             np.maximum.at(unit_ready, inv, rel[out])
             ready[out] = unit_ready[inv]
-        target = np.full(last + 1, float(tt.sum()) / (last + 1))
+        target = np.full(last + 1, float(np.cumsum(tt)[-1]) / (last + 1))  # summed in tile order, as in C++
         if round_s is not None:  # a stage as long as the round it hides, where the work allows
             d = int(tile_device[t[0]])
             k = min(last, round_s.shape[1] - 1)
