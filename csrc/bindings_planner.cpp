@@ -1,6 +1,6 @@
 // Python entry points of dcp._C for the planner and the simulator: the input-round greedy, the makespan
-// estimate, tile staging, grouped-layout pair counts and the simulator's event loop. Every array is checked
-// here; the loops (rounds.cpp, estimate.cpp, stages.cpp, pieces.cpp, sim.cpp) only see plain structs.
+// estimate, tile staging, box and grouped-layout pair counts and the simulator's event loop. Every array is
+// checked here; the loops (rounds, estimate, stages, box_counts, pieces, sim .cpp) only see plain structs.
 #include <torch/extension.h>
 
 #include <optional>
@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "box_counts.h"
 #include "checks.h"
 #include "estimate.h"
 #include "pieces.h"
@@ -101,12 +102,6 @@ Tensor estimate_rounds(const Tensor& round, const Tensor& src, const Tensor& dst
   TORCH_CHECK(gpus_per_node > 0 && per_nic > 0 && n % gpus_per_node == 0 && gpus_per_node % per_nic == 0, fn,
               ": ", n, " devices must be whole nodes of gpus_per_node (", gpus_per_node, "), a multiple of per_nic (",
               per_nic, ")");
-  if (m) {
-    TORCH_CHECK(round.min().item<int64_t>() >= 0 && round.max().item<int64_t>() <= n_rounds, fn,
-                ": rounds must be 0..", n_rounds);
-    for (const Tensor* t : {&src, &dst})
-      TORCH_CHECK(t->min().item<int64_t>() >= 0 && t->max().item<int64_t>() < n, fn, ": devices must be 0..", n - 1);
-  }
   Tensor out = at::empty({n}, t0.options());
   dcp::EstimateParams p;
   p.n_dev = n;
@@ -135,7 +130,8 @@ Tensor estimate_rounds(const Tensor& round, const Tensor& src, const Tensor& dst
   p.per_nic = per_nic;
   p.n_nics = n / per_nic;
   p.t = out.data_ptr<double>();
-  dcp::estimate_rounds(p);
+  std::string err;
+  TORCH_CHECK(dcp::estimate_rounds(p, err), fn, ": ", err);
   return out;
 }
 
@@ -323,6 +319,35 @@ Tensor tile_stages(const Tensor& tile_device, const Tensor& release, const Tenso
   return stage;
 }
 
+Tensor box_counts_direct(const Tensor& ranges, const Tensor& q_bounds, const Tensor& kv_bounds) {
+  const char* fn = "dcp._C.box_counts_direct";
+  check_cpu(ranges, fn, "ranges");
+  TORCH_CHECK(ranges.dim() == 3 && ranges.size(2) == 2 && ranges.scalar_type() == at::kInt && ranges.is_contiguous(),
+              fn, ": ranges must be a contiguous int32 [T, R, 2] tensor, got ", ranges.scalar_type(), " ",
+              ranges.sizes());
+  const int64_t T = ranges.size(0);
+  for (const auto& [b, name] : {std::pair{&q_bounds, "q_bounds"}, std::pair{&kv_bounds, "kv_bounds"}}) {
+    check_vec(*b, fn, name, b->numel(), at::kLong);
+    const int64_t* v = b->data_ptr<int64_t>();
+    bool ok = b->numel() >= 2 && v[0] == 0 && v[b->numel() - 1] == T;
+    for (int64_t i = 1; ok && i < b->numel(); ++i) ok = v[i] > v[i - 1];
+    TORCH_CHECK(ok, fn, ": ", name, " must increase strictly from 0 to ", T);
+  }
+  Tensor counts = at::empty({q_bounds.numel() - 1, kv_bounds.numel() - 1}, q_bounds.options());
+  dcp::BoxCountsParams p;
+  p.n_tok = T;
+  p.n_slots = ranges.size(1);
+  p.n_q = q_bounds.numel() - 1;
+  p.n_kv = kv_bounds.numel() - 1;
+  p.ranges = ranges.data_ptr<int32_t>();
+  p.q_bounds = q_bounds.data_ptr<int64_t>();
+  p.kv_bounds = kv_bounds.data_ptr<int64_t>();
+  p.counts = counts.data_ptr<int64_t>();
+  std::string err;
+  TORCH_CHECK(dcp::box_counts_direct(p, err), fn, ": ", err);
+  return counts;
+}
+
 }  // namespace
 
 namespace dcp {
@@ -336,6 +361,8 @@ void register_planner(pybind11::module_& m) {
         "(dcp.cost.estimate)");
   m.def("tile_stages", &::tile_stages, "(tile_device, release, out_unit, tile_time, staged, n_stages, round_s) -> "
         "stage: the planner's tile staging (dcp.schedule.stages)");
+  m.def("box_counts_direct", &::box_counts_direct, "(ranges [T, R, 2] int32, q_bounds, kv_bounds) -> counts "
+        "[nq, nkv]: attended pairs per (query box, key box) in one pass (dcp.masks.box_counts)");
   m.def("grouped_pair_counts", &::grouped_pair_counts, "(seq_piece_ptr, piece_start, piece_len, piece_block, "
         "n_blocks, ranges, range_ptr, seq_r) -> (q_block, kv_block, unmasked, area, sub_n, sub_wq, "
         "sub_wk, sub_wqk): pair counts and moments of a grouped layout (dcp.layout.pieces)");

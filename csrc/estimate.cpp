@@ -2,28 +2,58 @@
 
 #include <algorithm>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace dcp {
 
-void estimate_rounds(const EstimateParams& p) {
+bool estimate_rounds(const EstimateParams& p, std::string& err) {
   const int64_t n = p.n_dev, m = p.n_transfers;
-  // coalesce transfers into flows, one per (round, src, dst), ordered by that key (numpy's unique)
-  std::vector<int64_t> key(m), idx(m);
-  for (int64_t i = 0; i < m; ++i) key[i] = (p.round[i] * n + p.src[i]) * n + p.dst[i];
-  std::iota(idx.begin(), idx.end(), int64_t{0});
-  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+  for (int64_t i = 0; i < m; ++i) {
+    if (p.round[i] < 0 || p.round[i] > p.n_rounds || p.src[i] < 0 || p.src[i] >= n || p.dst[i] < 0 ||
+        p.dst[i] >= n) {
+      err = "transfer " + std::to_string(i) + " (round " + std::to_string(p.round[i]) + ", " +
+            std::to_string(p.src[i]) + " -> " + std::to_string(p.dst[i]) + ") is outside rounds 0.." +
+            std::to_string(p.n_rounds) + " and devices 0.." + std::to_string(n - 1);
+      return false;
+    }
+  }
+  // coalesce transfers into flows, one per (round, src, dst) in ascending key order (numpy's unique), each
+  // flow's bytes added in input order (numpy's bincount): densely when the key space is small, else by a sort
   std::vector<int64_t> f_round, f_src, f_dst;
   std::vector<double> f_bytes;
-  for (int64_t j = 0; j < m; ++j) {
-    const int64_t i = idx[j];
-    if (j == 0 || key[i] != key[idx[j - 1]]) {
-      f_round.push_back(p.round[i]);
-      f_src.push_back(p.src[i]);
-      f_dst.push_back(p.dst[i]);
-      f_bytes.push_back(0.0);
+  const int64_t n_keys = (p.n_rounds + 1) * n * n;
+  const auto add_flow = [&](int64_t key) {
+    f_round.push_back(key / (n * n));
+    f_src.push_back(key / n % n);
+    f_dst.push_back(key % n);
+  };
+  if (n_keys <= std::max<int64_t>(4 * m, 1 << 16)) {
+    std::vector<double> sum(n_keys, 0.0);
+    std::vector<uint8_t> seen(n_keys, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t key = (p.round[i] * n + p.src[i]) * n + p.dst[i];
+      sum[key] += p.nbytes[i];
+      seen[key] = 1;
     }
-    f_bytes.back() += p.nbytes[i];
+    for (int64_t key = 0; key < n_keys; ++key)
+      if (seen[key]) {
+        add_flow(key);
+        f_bytes.push_back(sum[key]);
+      }
+  } else {
+    std::vector<int64_t> key(m), idx(m);
+    for (int64_t i = 0; i < m; ++i) key[i] = (p.round[i] * n + p.src[i]) * n + p.dst[i];
+    std::iota(idx.begin(), idx.end(), int64_t{0});
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t i = idx[j];
+      if (j == 0 || key[i] != key[idx[j - 1]]) {
+        add_flow(key[i]);
+        f_bytes.push_back(0.0);
+      }
+      f_bytes.back() += p.nbytes[i];
+    }
   }
   const int64_t n_flows = static_cast<int64_t>(f_bytes.size());
   std::vector<double> t(p.t0, p.t0 + n), host(p.host0, p.host0 + n), post(n), msgs(n), out_dev(n), in_dev(n),
@@ -92,6 +122,7 @@ void estimate_rounds(const EstimateParams& p) {
     f = f_end;
   }
   std::copy(t.begin(), t.end(), p.t);
+  return true;
 }
 
 }  // namespace dcp

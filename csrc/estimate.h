@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace dcp {
 
@@ -28,6 +29,7 @@ struct EstimateParams {
 };
 
 // Fills p.t. Transfers may come in any order; within a (round, sender, receiver) their bytes add in input order.
-void estimate_rounds(const EstimateParams& p);
+// Returns false (and `err`) when a transfer names a round or device out of range.
+bool estimate_rounds(const EstimateParams& p, std::string& err);
 
 }  // namespace dcp

@@ -63,8 +63,26 @@ def test_box_counts_equal_brute_force(seed):
     expect = brute_force_counts(ranges, q_bounds, kv_bounds)
     for method in ("direct", "index", "auto"):
         np.testing.assert_array_equal(bc.box_counts(ranges, q_bounds, kv_bounds, method=method), expect)
+    # the direct pass's numpy reference too (box_counts runs its C++ loop when the extension is built)
+    qb, kb = (np.asarray(b, dtype=np.int64) for b in (q_bounds, kv_bounds))
+    np.testing.assert_array_equal(bc._direct_counts_reference(ranges, qb, kb), expect)
     np.testing.assert_array_equal(layout_blocks.pair_counts(ranges, q_bounds), brute_force_counts(ranges, q_bounds,
                                                                                                    q_bounds))
+
+
+@pytest.mark.skipif(not bc._NATIVE, reason="dcp._C without box_counts_direct (extension not built)")
+def test_native_direct_counts_refuse_bad_arrays():
+    import torch
+
+    ranges = torch.tensor([[[0, 1]], [[0, 2]]], dtype=torch.int32)
+    b = torch.tensor([0, 1, 2])
+    assert bc._C.box_counts_direct(ranges, b, b).tolist() == [[1, 0], [1, 1]]
+    with pytest.raises(RuntimeError, match=r"query 1 has KV range \[0, 3\) outside 0..2"):
+        bc._C.box_counts_direct(torch.tensor([[[0, 1]], [[0, 3]]], dtype=torch.int32), b, b)
+    with pytest.raises(RuntimeError, match="kv_bounds must increase strictly from 0 to 2"):
+        bc._C.box_counts_direct(ranges, b, torch.tensor([0, 2, 2]))
+    with pytest.raises(RuntimeError, match="ranges must be a contiguous int32"):
+        bc._C.box_counts_direct(ranges.long(), b, b)
 
 
 def test_index_is_cached_for_read_only_arrays_only():

@@ -46,6 +46,23 @@ def test_native_matches_reference_on_random_rounds(seed):
     assert (nat >= args[7]).all()  # no stream ends before it starts
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_native_matches_reference_with_many_rounds(seed):
+    """(rounds + 1) x devices^2 keys far above the transfers: the C++ coalesces by sorting, not densely."""
+    rng = np.random.default_rng(seed)
+    n, n_rounds, m = 24, 150, 400
+    round_ = rng.integers(1, n_rounds + 1, m)
+    round_[: m // 2] = round_[m // 2:]  # repeated keys, bytes added in input order
+    src, dst = rng.integers(0, n, m), rng.integers(0, n, m)
+    src[: m // 2], dst[: m // 2] = src[m // 2:], dst[m // 2:]
+    assert (n_rounds + 1) * n * n > max(4 * m, 1 << 16)
+    comp = rng.uniform(1e-5, 1e-3, (n, 5))
+    n_merges = rng.integers(0, 2, (n, n_rounds + 1)).astype(float)
+    args = (round_, src, dst, rng.choice([4096.0, 3e6], m), comp, n_merges * 3e-6, n_merges, np.zeros(n),
+            np.zeros(n), HostCosts(*([1e-5] * 6)), 1e-5, 2e-6, 150e9, 25e9, 8, 8)
+    np.testing.assert_allclose(E.rounds_end_s(*args), E.rounds_end_s_reference(*args), rtol=1e-12, atol=0)
+
+
 def test_native_matches_reference_on_planner_estimates(monkeypatch):
     """Every estimate of a multi-node dcp plan's search (host costs charged) gives the reference's times."""
     calls = []
@@ -73,8 +90,8 @@ def test_native_rejects_bad_arrays():
     m2 = torch.zeros(2, 2, dtype=torch.double)
     good = [i, torch.tensor([0, 1]), torch.tensor([1, 0]), f, m2, m2, m2, f, f, [0.0] * 5, 0.0, 1e-6, 1e9, 1e9, 2, 1]
     assert E._C.estimate_rounds(*good).shape == (2,)
-    for pos, bad, msg in ((0, torch.tensor([1, 2]), "rounds must be 0..1"),
-                          (1, torch.tensor([0, 2]), "devices must be 0..1"),
+    for pos, bad, msg in ((0, torch.tensor([1, 2]), r"transfer 1 \(round 2, 1 -> 0\) is outside rounds 0..1"),
+                          (1, torch.tensor([0, 2]), "and devices 0..1"),
                           (3, torch.ones(2, dtype=torch.float), "nbytes must have dtype"),
                           (5, torch.zeros(2, 3, dtype=torch.double), "red and n_merges"),
                           (9, [0.0] * 4, "host must be"),

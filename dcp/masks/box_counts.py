@@ -7,7 +7,8 @@ the density of each pixel (``dcp.masks.render``). Two exact methods, picked per 
 
 - ``"direct"``: one pass over the ranges. Each range adds its overlap with every key box it spans (first
   and last boxes partially, interior boxes through a difference array) to its query box, accumulated with
-  ``np.bincount``. O(ranges + nq·nk); best for masks of a few ranges per query.
+  ``np.bincount`` (the same loop in C++, ``dcp._C.box_counts_direct``, when the extension is built).
+  O(ranges + nq·nk); best for masks of a few ranges per query.
 - ``"index"``: a ``RangesIndex`` built once per (read-only) ranges array and cached: a bitmap of the mask
   in 64-key words plus, per word, the count of attended keys before it. The keys below a bound ``x`` in
   row ``t`` are then ``below[x >> 6, t] + popcount(bits[x >> 6, t] & low_bits(x & 63))``, so a call costs
@@ -24,6 +25,7 @@ hands both over with its ranges (``register_index``).
 from __future__ import annotations
 
 import threading
+import warnings
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,6 +35,13 @@ import numpy as np
 
 from dcp.errors import InvalidMaskError
 from dcp.masks.progress import reporter
+
+try:  # the direct pass in C++, when the extension is built
+    from dcp import _C  # type: ignore[attr-defined]
+
+    _NATIVE = hasattr(_C, "box_counts_direct")
+except ImportError:
+    _C, _NATIVE = None, False
 
 WORD = 64
 #: ONES[k]: the k lowest bits set (k = 0..64)
@@ -338,6 +347,19 @@ def _index_counts(index: RangesIndex, qb: np.ndarray, kb: np.ndarray) -> np.ndar
 
 
 def _direct_counts(ranges_tr2: np.ndarray, qb: np.ndarray, kb: np.ndarray) -> np.ndarray:
+    """``_direct_counts_reference``'s counts, by its C++ loop (``dcp._C.box_counts_direct``) when the
+    extension is built and the ranges are int32 (validated masks' are)."""
+    if _NATIVE and ranges_tr2.dtype == np.int32:
+        import torch
+
+        with warnings.catch_warnings():  # BatchSpec ranges are read-only; the loop only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            args = (torch.from_numpy(np.ascontiguousarray(ranges_tr2)), torch.from_numpy(qb), torch.from_numpy(kb))
+        return _C.box_counts_direct(*args).numpy()
+    return _direct_counts_reference(ranges_tr2, qb, kb)
+
+
+def _direct_counts_reference(ranges_tr2: np.ndarray, qb: np.ndarray, kb: np.ndarray) -> np.ndarray:
     """Counts in one pass over the ranges (module docstring), in chunks of rows."""
     nq, nk = qb.size - 1, kb.size - 1
     n_tok, n_slots = ranges_tr2.shape[:2]
