@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dcp.baselines import (BASELINES, LoongTrainPlanner, MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner,
-                           ZigzagPlanner)
+from dcp.baselines import (BASELINES, LoongTrainPlanner, MegatronCPPlanner, MegatronDynCPPlanner, RingPlanner,
+                           TEA2AP2PPlanner, ZigzagPlanner)
 from dcp.baselines.common import near_equal_chunks
+from dcp.baselines.megatron_cp import token_groups
 from dcp.baselines.megatron_dyncp import cp_size
 from dcp.cluster import Cluster
 from dcp.errors import InvalidConfigError
@@ -22,7 +23,8 @@ from dcp.masks import CausalMask, FullMask, LambdaMask, SharedQuestionMask
 from dcp.schedule.assemble import Planner
 from dcp.spec import BatchSpec
 
-PLANNERS = [RingPlanner(), ZigzagPlanner(), TEA2AP2PPlanner(), MegatronDynCPPlanner(), LoongTrainPlanner()]
+PLANNERS = [RingPlanner(), ZigzagPlanner(), TEA2AP2PPlanner(), MegatronCPPlanner(), MegatronDynCPPlanner(),
+            LoongTrainPlanner()]
 MASKS = [CausalMask(), FullMask(), LambdaMask(sink=2, window=5), SharedQuestionMask(question_frac=0.3, num_answers=2)]
 CLUSTERS = [Cluster(1, 1), Cluster(1, 2), Cluster(1, 3), Cluster(2, 2), Cluster(2, 4), Cluster(4, 8)]
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -52,7 +54,7 @@ def check_plan(planner, plan, spec, cluster):
     if cluster.nodes == 1:
         assert s.comm_bytes_inter_node == 0
     p = cluster.n_devices
-    if isinstance(planner, (RingPlanner, ZigzagPlanner, MegatronDynCPPlanner)):
+    if isinstance(planner, (RingPlanner, ZigzagPlanner, MegatronCPPlanner, MegatronDynCPPlanner)):
         assert (plan.tile_device == plan.home[plan.tiles.q_tb]).all()  # tiles run on their q block's home
         # no q-side traffic: Q/QG never move and O/dQ never leave home
         for direction in ("forward", "backward"):
@@ -79,6 +81,14 @@ def check_plan(planner, plan, spec, cluster):
         for seq, n in enumerate(spec.seqlens):
             chunk = np.diff((np.arange(2 * p + 1) * n) // (2 * p))
             want = chunk[:p] + chunk[p:][::-1]  # device d: chunks d and 2P-1-d
+            assert (_seq_tokens_per_device(plan, seq) == want).all()
+    if isinstance(planner, MegatronCPPlanner):
+        c = plan.meta["cp_size"]
+        group = token_groups(spec.seqlens, p // c)
+        for seq, n in enumerate(spec.seqlens):  # zigzag inside the sequence's group, nothing elsewhere
+            chunk = np.diff((np.arange(2 * c + 1) * n) // (2 * c))
+            want = np.zeros(p, dtype=np.int64)
+            want[group[seq] * c:(group[seq] + 1) * c] = chunk[:c] + chunk[c:][::-1]
             assert (_seq_tokens_per_device(plan, seq) == want).all()
     if isinstance(planner, MegatronDynCPPlanner):
         for seq, (base, cp) in enumerate(zip(plan.meta["cp_base"], plan.meta["cp_size"])):
@@ -113,8 +123,8 @@ def test_random_lengths(planner, cluster, lens, mask, heads):
 
 
 def test_registry():
-    assert set(BASELINES) == {"ring", "zigzag", "te_a2a_p2p", "megatron_dyncp", "loongtrain", "torch_cp", "ulysses",
-                              "magi", "magi_dynamic"}
+    assert set(BASELINES) == {"ring", "zigzag", "te_a2a_p2p", "megatron_cp", "megatron_dyncp", "loongtrain", "torch_cp",
+                              "ulysses", "magi", "magi_dynamic"}
     for name, cls in BASELINES.items():
         planner = cls()
         assert isinstance(planner, Planner) and planner.name == name

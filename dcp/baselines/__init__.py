@@ -1,7 +1,8 @@
 """Static context-parallel baselines as typed planners emitting plans in dcp's IR.
 
 ``RingPlanner`` ("ring"), ``ZigzagPlanner`` ("zigzag"), ``TEA2AP2PPlanner`` ("te_a2a_p2p", Transformer
-Engine's hierarchical all-to-all + p2p), ``MegatronDynCPPlanner`` ("megatron_dyncp", Megatron-Core's
+Engine's hierarchical all-to-all + p2p), ``MegatronCPPlanner`` ("megatron_cp", Megatron-Core's static CP:
+data-parallel groups of a fixed CP size), ``MegatronDynCPPlanner`` ("megatron_dyncp", Megatron-Core's
 dynamic CP groups) and ``LoongTrainPlanner`` ("loongtrain", 2-D head x context parallelism with a double
 ring), ``TorchCPPlanner`` ("torch_cp", PyTorch's context parallelism: per-document head-tail or
 processing-time round-robin, all-gathered KV), ``UlyssesPlanner`` ("ulysses", DeepSpeed's all-to-all head
@@ -13,6 +14,7 @@ A planner that cannot serve a batch or cluster (Ulysses with more devices than h
 from dcp.baselines.loongtrain import LoongTrainPlanner
 from dcp.baselines.magi import MagiPlanner
 from dcp.baselines.magi_dynamic import MagiDynamicPlanner
+from dcp.baselines.megatron_cp import MegatronCPPlanner
 from dcp.baselines.megatron_dyncp import MegatronDynCPPlanner
 from dcp.baselines.ring import RingPlanner
 from dcp.baselines.te_a2a_p2p import TEA2AP2PPlanner
@@ -21,8 +23,8 @@ from dcp.baselines.ulysses import UlyssesPlanner
 from dcp.baselines.zigzag import ZigzagPlanner
 
 BASELINES: dict[str, type] = {
-    cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronDynCPPlanner, LoongTrainPlanner,
-                              TorchCPPlanner, UlyssesPlanner, MagiPlanner, MagiDynamicPlanner)
+    cls.name: cls for cls in (RingPlanner, ZigzagPlanner, TEA2AP2PPlanner, MegatronCPPlanner, MegatronDynCPPlanner,
+                              LoongTrainPlanner, TorchCPPlanner, UlyssesPlanner, MagiPlanner, MagiDynamicPlanner)
 }
 
 
@@ -35,15 +37,19 @@ def default_warm_planners() -> tuple:
     ``VARIANT_DEGREES`` per direction (``MagiPlanner.schedule_variants``). And one point of Magi's dynamic
     solver, at 2048-token chunks and a FLOPs cap of 1.2x the mean: with the executor's host time charged
     (``GPUProfile.host_*``) that coarser, less communicating placement (fewer messages and kernel calls) beat
-    its 1024-token, 1.05x one on H100 causal batches and lost nowhere in the cells tried. These
+    its 1024-token, 1.05x one on H100 causal batches and lost nowhere in the cells tried. Megatron's static
+    CP at every group size that fits dcp's memory budget (``MegatronCPPlanner.warm_points``): with the
+    non-attention layers charged per token (``SearchConfig.token_time_s``) its exact token balance won an
+    end-to-end cell (GPT-8B, LongAlign 64K causal) no other start reached. These
     won most often in the micro grid (``benchmarks/results/README.md``); more points cost planning time for
     little gain. Not Ulysses (its placement is ring's contiguous shards; it differs only in running tiles by
     head)."""
     magi = tuple(MagiPlanner(None, 4, True, k) for k in (3, 4, 6)) + tuple(MagiPlanner(c, 4) for c in (1024, 2048))
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
-            LoongTrainPlanner(shards=False), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(), *magi,
-            MagiDynamicPlanner(2048, 4, 1.2))
+            LoongTrainPlanner(shards=False), MegatronCPPlanner(), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(),
+            *magi, MagiDynamicPlanner(2048, 4, 1.2))
 
 
-__all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
+__all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronCPPlanner",
+           "MegatronDynCPPlanner", "RingPlanner", "TEA2AP2PPlanner",
            "TorchCPPlanner", "UlyssesPlanner", "ZigzagPlanner"]

@@ -37,7 +37,9 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase
     skipped: list[str] = []
     aliases: list[tuple[str, str]] = []
     seen: dict = {}  # label -> parts of the warm starts evaluated so far
-    for planner, suffix in _with_token_caps(planners, token_budget):
+    points = [(point, suffix) for planner, suffix in _with_token_caps(planners, token_budget)
+              for point in planner.warm_points(spec, cluster, token_budget)]
+    for planner, suffix in points:
         name = planner.label()  # several points of one planner's grid may start the search
         try:
             n_tiles = planner.estimated_tiles(spec, cluster)

@@ -60,6 +60,12 @@ class Planner(abc.ABC):
         them; dcp's search skips a warm start above ``SearchConfig.warm_start_max_tiles``."""
         raise NotImplementedError(f"{type(self).__name__} is not a static planner")
 
+    def warm_points(self, spec: BatchSpec, cluster: Cluster, token_budget: float) -> tuple["Planner", ...]:
+        """The settings of this planner that start dcp's search (``dcp.planner.warm``) for this batch, given
+        dcp's memory budget (tokens per device): default this planner as it is; a planner whose knob
+        picks among placements (Megatron's static CP size) may list several, or none that fits."""
+        return (self,)
+
     def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple["Planner", ...]:
         """The knob settings a tuned comparison tries for this batch and cluster, as planners (default:
         this planner as it is; planners with knobs state their grid in their docstring)."""
