@@ -174,3 +174,21 @@ def test_bench_overhead_quick_writes_csv(tmp_path, capsys):
     assert all(float(r["us_median"]) > 0 and not math.isnan(float(r["us_worst"])) for r in plan_rows)
     assert "executor host time" in capsys.readouterr().out
     np.testing.assert_equal(len({r["case"] for r in rows}), 1)
+
+
+def test_gc_is_paused_while_timing_and_restored():
+    import gc
+
+    from dcp.bench.overhead import gc_paused
+
+    for before in (True, False):
+        (gc.enable if before else gc.disable)()
+        try:
+            with gc_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() == before
+            with pytest.raises(RuntimeError), gc_paused():
+                raise RuntimeError("a failing timed region")
+            assert gc.isenabled() == before
+        finally:
+            gc.enable()

@@ -8,8 +8,9 @@ what is timed is the executor's Python and the dispatch of its views, copies and
 data-dependent host operation (``.item()``, ``.tolist()`` of a tensor) would raise on ``meta``.
 
 Times are this thread's CPU time (``us_*``; on an idle machine the same as the wall clock, which
-``wall_us_*`` reports beside it) and a count that no load disturbs: ``torch_calls``, the PyTorch calls
-(ops, views, allocations, attribute reads) of one step, counted by a ``TorchFunctionMode``.
+``wall_us_*`` reports beside it), with the garbage collector paused as ``timeit`` does (``gc_paused``),
+and a count that no load disturbs: ``torch_calls``, the PyTorch calls (ops, views, allocations,
+attribute reads) of one step, counted by a ``TorchFunctionMode``.
 
 Per (case, direction) and item, over every device (each device the median of ``--repeats`` steps):
 - ``prepare``: what a rank pays once per plan (amortized over a model's layers): per-plan tables,
@@ -38,7 +39,9 @@ argument checks, a varlen schedule lookup) and the transport's (``DistComm``'s `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import os
 import statistics
 import time
@@ -131,6 +134,20 @@ def _clock_cost(clock, n: int = 200) -> float:
     return statistics.median(d)
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic garbage collector paused (as ``timeit`` does while timing): a collection that happens to
+    fall in a timed region costs what every object of the process costs to scan (200-300 ms with torch
+    loaded on this machine), not what the executor does."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def time_step(plan, direction: str, device: int, home, kernels, scale: float, per_op: bool = True) -> dict:
     """One step of ``device`` (a warm runner: tables and buffers prepared): ``{item: (cpu s, wall s)}``.
 
@@ -141,11 +158,12 @@ def time_step(plan, direction: str, device: int, home, kernels, scale: float, pe
 
     cpu, wall = time.thread_time, time.perf_counter
     if not per_op:
-        c0, w0 = cpu(), wall()
-        run = DeviceRunner(plan, device, direction, home, NoopComm(), kernels, scale)
-        run.run()
-        res = run.finish_forward() if direction == "forward" else run.finish_backward()
-        out = {"step": (cpu() - c0, wall() - w0)}
+        with gc_paused():
+            c0, w0 = cpu(), wall()
+            run = DeviceRunner(plan, device, direction, home, NoopComm(), kernels, scale)
+            run.run()
+            res = run.finish_forward() if direction == "forward" else run.finish_backward()
+            out = {"step": (cpu() - c0, wall() - w0)}
         assert all(t.device.type == home[0].device.type for t in res)
         return out
     cc, wc = _CLOCK_COST.get("cpu"), _CLOCK_COST.get("wall")
@@ -162,10 +180,11 @@ def time_step(plan, direction: str, device: int, home, kernels, scale: float, pe
         out[item][1] += max(w2 - w - wc, 0.0)
         return got
 
-    run = timed("setup", lambda: DeviceRunner(plan, device, direction, home, NoopComm(), kernels, scale))
-    for st in run.steps:
-        timed(st.code, lambda: run.step(st))
-    res = timed("finish", run.finish_forward if direction == "forward" else run.finish_backward)
+    with gc_paused():
+        run = timed("setup", lambda: DeviceRunner(plan, device, direction, home, NoopComm(), kernels, scale))
+        for st in run.steps:
+            timed(st.code, lambda: run.step(st))
+        res = timed("finish", run.finish_forward if direction == "forward" else run.finish_backward)
     assert all(t.device.type == home[0].device.type for t in res)
     return {k: tuple(v) for k, v in out.items()}
 
@@ -180,10 +199,11 @@ def time_prepare(data: bytes, directions: tuple, device: int, homes: dict, kerne
     from dcp.ir.plan import Plan
 
     cold = Plan.from_bytes(data)
-    c0, w0 = time.thread_time(), time.perf_counter()
-    for direction in directions:
-        DeviceRunner(cold, device, direction, homes[direction], NoopComm(), kernels, scale).release()
-    return time.thread_time() - c0, time.perf_counter() - w0
+    with gc_paused():
+        c0, w0 = time.thread_time(), time.perf_counter()
+        for direction in directions:
+            DeviceRunner(cold, device, direction, homes[direction], NoopComm(), kernels, scale).release()
+        return time.thread_time() - c0, time.perf_counter() - w0
 
 
 def count_torch_calls(plan, direction: str, device: int, home, kernels, scale: float) -> int:
