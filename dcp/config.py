@@ -47,7 +47,7 @@ class SearchConfig:
     ``aligned_groups`` (time objective) also a packing on aligned power-of-two device groups, the shape of
     Megatron-Core's dynamic CP (``dcp.planner.pack.pack_aligned``); with ``hypergraph`` the two-level hypergraph
     partition at ``PlannerConfig.epsilon_inter/intra``. It schedules each direction of each at the
-    middle stage count of ``stage_counts``, the two estimated fastest at every one of them, and keeps one:
+    middle stage count of ``stage_counts``, the three estimated fastest at every one of them, and keeps one:
 
     - ``objective="time"`` (default): the candidate with the least estimated forward + backward
       makespan under ``PlannerConfig.cost_model`` (``dcp.cost.estimate``);

@@ -169,7 +169,7 @@ class DCPPlanner(Planner):
         return True
 
     def _stage_counts(self) -> tuple[int, ...]:
-        """Stage counts every candidate is first scheduled at: the middle of the search's (the two best
+        """Stage counts every candidate is first scheduled at: the middle of the search's (the ``WIDEN_TOP`` best
         candidates then get the rest, ``_widen``), or ``max_stages`` for the bytes objective."""
         cfg = self.config
         counts = cfg.search.stage_counts
@@ -179,7 +179,7 @@ class DCPPlanner(Planner):
 
     def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget,
                packings: dict) -> list[Candidate]:
-        """The candidates plus the two estimated fastest (of those within the token budget) scheduled at
+        """The candidates plus the ``WIDEN_TOP`` estimated fastest (of those within the token budget) scheduled at
         every stage count of the search ("<label>/staged"; ``packings`` learns their labels)."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
@@ -189,7 +189,7 @@ class DCPPlanner(Planner):
         ranked = sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
-        for i in ranked[:2]:
+        for i in ranked[:WIDEN_TOP]:
             wide = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
             if wide.stages == cands[i].stages:
                 continue  # no other stage count was estimated faster
@@ -325,6 +325,11 @@ class Search(NamedTuple):
 
 #: candidates with more tiles than this are not rescheduled at other stage counts (``DCPPlanner._widen``)
 WIDEN_MAX_TILES = 65536
+#: candidates rescheduled at every stage count. A warm start's own schedule can be estimated 5-10 % slower
+#: than dcp's schedule of the same placement, so ranking by the former misses good placements: with two,
+#: adding Megatron's static CP (ranked first at its own schedule) pushed a Magi placement out, whose dcp
+#: schedule would have won by 3 % (micro grid, LongAlign x2 causal, A100)
+WIDEN_TOP = 3
 
 
 class _Dropped(Exception):
