@@ -69,6 +69,14 @@ def test_tuning_grid_and_warm_points():
     got = [p.cp_size for p in MegatronCPPlanner().warm_points(spec(), cluster, total / 8 * 1.3)]
     assert got == fits and 4 in got and 1 not in got  # a 900-token sequence on one device is over the budget
     assert MegatronCPPlanner(2).warm_points(spec(), cluster, 1.0) == (MegatronCPPlanner(2),)
+    assert MegatronCPPlanner().warm_points(spec(), cluster, 1.0) == ()
+
+
+def test_a_start_with_no_setting_in_budget_is_named_as_skipped():
+    from dcp.planner.warm import warm_candidates
+
+    cands, _, skipped, _ = warm_candidates(spec(), dcp.Cluster(2, 4), (MegatronCPPlanner(),), None, True, 10**6, 100.0)
+    assert cands == [] and skipped == ["megatron_cp (no setting within the memory budget of 100 tokens)"]
 
 
 @pytest.mark.parametrize("c", [2, 4])

@@ -37,8 +37,12 @@ def warm_candidates(spec: BatchSpec, cluster: Cluster, planners, cost, two_phase
     skipped: list[str] = []
     aliases: list[tuple[str, str]] = []
     seen: dict = {}  # label -> parts of the warm starts evaluated so far
-    points = [(point, suffix) for planner, suffix in _with_token_caps(planners, token_budget)
-              for point in planner.warm_points(spec, cluster, token_budget)]
+    points = []
+    for planner, suffix in _with_token_caps(planners, token_budget):
+        got = planner.warm_points(spec, cluster, token_budget)
+        if not got:  # e.g. no static CP group size keeps its devices within the budget
+            skipped.append(f"{planner.label()} (no setting within the memory budget of {token_budget:.0f} tokens)")
+        points += [(point, suffix) for point in got]
     for planner, suffix in points:
         name = planner.label()  # several points of one planner's grid may start the search
         try:
