@@ -115,14 +115,14 @@ def tokens_per_device(plan) -> np.ndarray:
 
 
 def greedy_groups(lens, n_groups: int) -> list[list[int]]:
-    """Sequence lengths onto ``n_groups`` groups: longest first, each to the least-loaded group."""
-    groups: list[list[int]] = [[] for _ in range(n_groups)]
-    load = [0] * n_groups
-    for L in sorted((int(x) for x in lens), reverse=True):
-        g = min(range(n_groups), key=lambda i: (load[i], i))
-        groups[g].append(L)
-        load[g] += L
-    return groups
+    """Sequence lengths onto ``n_groups`` groups: longest first, each to the least-loaded group
+    (``dcp.baselines.megatron_cp.token_groups``), each group's lengths longest first."""
+    from dcp.baselines.megatron_cp import token_groups
+
+    lens = np.asarray(lens, dtype=np.int64)
+    group = token_groups(lens, n_groups)
+    order = np.argsort(-lens, kind="stable")
+    return [[int(lens[s]) for s in order if group[s] == g] for g in range(n_groups)]
 
 
 @dataclasses.dataclass(frozen=True)

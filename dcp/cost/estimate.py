@@ -5,11 +5,12 @@ The planner compares many candidate placements and schedules; the discrete-event
 program structure (``dcp.schedule.build``: per round r, launch r, compute stage r−1, wait r, merge what arrived)
 and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`` per merge, the
 backward's delta first), round by round: ``rounds_end_s_reference`` in numpy, vectorized over devices,
-and the same loop in C++ (``dcp._C.estimate_rounds``), which the planner uses when the extension is built. Only the network is simplified: a
-round's flows (coalesced per sender and receiver, as the simulator does) all start at the later of their
-two ends' launches plus the link latency, and each finishes when the busiest resource it crosses
-(sender port, receiver port, and across nodes the two NICs, as the profile groups GPUs onto NICs) has
-drained that round's bytes. Rounds do not contend with each other. The estimate ranks plans like the simulator does (tests compare them);
+and the same loop in C++ (``dcp._C.estimate_rounds``), which the planner uses when the extension is
+built. Only the network is simplified: a round's flows (coalesced per sender and receiver, as the
+simulator does) all start at the later of their two ends' launches plus the link latency, and each
+finishes when the busiest resource it crosses (sender port, receiver port, and across nodes the two
+NICs, as the profile groups GPUs onto NICs) has drained that round's bytes. Rounds do not contend with
+each other. The estimate ranks plans like the simulator does (tests compare them);
 its absolute error is a few percent on typical plans.
 """
 from __future__ import annotations
