@@ -137,8 +137,8 @@ def _clock_cost(clock, n: int = 200) -> float:
 @contextlib.contextmanager
 def gc_paused():
     """The cyclic garbage collector paused (as ``timeit`` does while timing): a collection that happens to
-    fall in a timed region costs what every object of the process costs to scan (200-300 ms with torch
-    loaded on this machine), not what the executor does."""
+    fall in a timed region costs what every object of the process costs to scan (with torch loaded, far
+    more than a step), not what the executor does."""
     was = gc.isenabled()
     gc.disable()
     try:

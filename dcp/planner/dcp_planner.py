@@ -325,10 +325,10 @@ class Search(NamedTuple):
 
 #: candidates with more tiles than this are not rescheduled at other stage counts (``DCPPlanner._widen``)
 WIDEN_MAX_TILES = 65536
-#: candidates rescheduled at every stage count. A warm start's own schedule can be estimated 5-10 % slower
-#: than dcp's schedule of the same placement, so ranking by the former misses good placements: with two,
-#: adding Megatron's static CP (ranked first at its own schedule) pushed a Magi placement out, whose dcp
-#: schedule would have won by 3 % (micro grid, LongAlign x2 causal, A100)
+#: candidates rescheduled at every stage count. A warm start's own schedule can be estimated well above dcp's
+#: schedule of the same placement, so ranking by the former misses good placements: with two, adding
+#: Megatron's static CP (ranked first at its own schedule) pushed out a Magi placement whose dcp schedule
+#: wins (micro grid, LongAlign x2 causal, A100, batch 0)
 WIDEN_TOP = 3
 
 
