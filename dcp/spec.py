@@ -149,13 +149,14 @@ class BatchSpec:
         """Attended pairs between the blocks ``bounds`` cuts sequence ``seq`` into: int64 ``[n, n]`` (q, kv),
         read-only (``dcp.layout.blocks.pair_counts``). Cached per (mask, length, bounds) up to
         ``PAIR_COUNTS_CACHE_BYTES``: a planner evaluates dozens of layouts that cut most sequences alike."""
-        from dcp.layout.blocks import pair_counts  # lazily: dcp.layout stands on the spec
+        # ``pair_counts``'s call, not the function: dcp.layout stands on the spec (tests/test_house.py)
+        from dcp.masks.box_counts import box_counts
 
         b = np.ascontiguousarray(bounds, dtype=np.int64)
         key = ("counts", self.masks[seq], self.seqlens[seq], b.tobytes())
         got = self._ranges_cache.get(key)
         if got is None:
-            got = pair_counts(self.kv_ranges(seq), b)
+            got = box_counts(self.kv_ranges(seq), b, b)
             got.setflags(write=False)
             held = self._ranges_cache.get(("counts_bytes",), 0)
             if held + got.nbytes <= PAIR_COUNTS_CACHE_BYTES:
