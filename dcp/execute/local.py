@@ -308,7 +308,6 @@ class DeviceRunner:
             torch._foreach_copy_(ws.staged_dst, [_view(S, s) for s in ws.staged_src])
         self.steps, self.seg_starts = ws.steps, comp.seg_starts
         self.pending: dict = {}
-        self._fns = {"launch": self._launch, "wait": self._wait, "compute": self._compute, "reduce": self._reduce}
 
     # -- segments for lockstep execution
     @property
@@ -331,13 +330,13 @@ class DeviceRunner:
 
     def step(self, st) -> None:
         """Run one compiled step (``self.steps``)."""
-        self._fns[st.code](st)
+        _STEP_FNS[st.code](self, st)
 
     def run(self) -> None:
-        fns = self._fns
+        fns = _STEP_FNS
         try:
             for st in self.steps:
-                fns[st.code](st)
+                fns[st.code](self, st)
         except BaseException:
             self.release()
             raise
@@ -478,6 +477,12 @@ class DeviceRunner:
     def can_hand_blocks(self) -> bool:
         """Whether ``finish_*`` can hand each home token block's result rows (always)."""
         return True
+
+
+# step code -> the runner's method running it: a class-level table, not a dict of bound methods on the runner
+# (that would be a reference cycle, leaving every finished runner and its views to the garbage collector)
+_STEP_FNS = {"launch": DeviceRunner._launch, "wait": DeviceRunner._wait, "compute": DeviceRunner._compute,
+             "reduce": DeviceRunner._reduce}
 
 
 def own_storages(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
