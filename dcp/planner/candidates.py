@@ -45,6 +45,10 @@ class Candidate:
     forward_ends: np.ndarray | None = None
     backward_ends: np.ndarray | None = None
     max_tokens: int = 0
+    #: per direction, the schedules of this placement estimated within ``POLISH_WITHIN`` of its best (at most
+    #: ``POLISH_TOP``, fastest first): ``((estimate s, stage count, Schedule, device ends), ...)``, for the
+    #: final choice's per-direction simulation (``dcp.planner.polish``)
+    alternatives: tuple = ((), ())
 
     @property
     def time_s(self) -> float:
@@ -104,7 +108,7 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
     with dcp's, per direction."""
     home = np.asarray(home, dtype=np.int64)
     tile_device = np.asarray(tile_device, dtype=np.int64)
-    best = {}
+    best, seen = {}, {"forward": [], "backward": []}
     for i, direction in enumerate(("forward", "backward")):
         tt = tile_times(cost, layout, tiles, direction)
         counts = stage_counts if per_direction is None else (per_direction[i],)
@@ -115,6 +119,7 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                 sched = schedule(spec, cluster, layout, tiles, home, tile_device, tt, cost, direction, s, two_phase)
             ends = estimate_device_ends_s(spec, cluster, layout, tiles, home, tile_device, sched, cost)
             est = float(ends.max(initial=0.0))
+            seen[direction].append((est, s, sched, ends))
             if direction not in best or est < best[direction][0]:
                 best[direction] = (est, s, sched, ends)
     flops = np.bincount(tile_device, weights=tiles.fwd_flops, minlength=cluster.n_devices)
@@ -123,7 +128,30 @@ def evaluate(label: str, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
     comm = schedule_bytes(spec, layout, fwd[2]) + schedule_bytes(spec, layout, bwd[2])
     tokens = np.bincount(home, weights=layout.tb_len, minlength=cluster.n_devices)
     return Candidate(label, layout, tiles, home, tile_device, fwd[2], bwd[2], fwd[0], bwd[0], comm, imbalance,
-                     (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3], int(tokens.max()))
+                     (fwd[1], bwd[1]), tuple(notes), fwd[3], bwd[3], int(tokens.max()),
+                     (close_alternatives(seen["forward"]), close_alternatives(seen["backward"])))
+
+
+#: a direction's schedules estimated within this of its fastest, at most ``POLISH_TOP`` of them, are kept as
+#: alternatives and simulated for the final choice (``dcp.planner.polish``): the estimate's error against the
+#: simulator is a few per cent, and it ranks a placement's own schedules (e.g. Magi's overlap degrees) and
+#: dcp's stage counts differently from the simulator about as often as not within that band
+POLISH_WITHIN = 0.03
+POLISH_TOP = 3
+
+
+def close_alternatives(seen) -> tuple:
+    """The ``(estimate s, stage count, Schedule, ends)`` of ``seen`` within ``POLISH_WITHIN`` of the fastest,
+    at most ``POLISH_TOP``, fastest first (one per stage count; ties keep the earlier)."""
+    by_count: dict = {}
+    for alt in seen:
+        if alt[1] not in by_count or alt[0] < by_count[alt[1]][0]:
+            by_count[alt[1]] = alt
+    ranked = sorted(by_count.values(), key=lambda a: a[0])
+    if not ranked:
+        return ()
+    limit = ranked[0][0] * (1 + POLISH_WITHIN)
+    return tuple(a for a in ranked if a[0] <= limit)[:POLISH_TOP]
 
 
 def widen(cand: Candidate, spec: BatchSpec, cluster: Cluster, cost: CostModel, stage_counts: tuple[int, ...],
@@ -137,9 +165,10 @@ def widen(cand: Candidate, spec: BatchSpec, cluster: Cluster, cost: CostModel, s
     fwd = cand if cand.forward_s <= other.forward_s else other
     bwd = cand if cand.backward_s <= other.backward_s else other
     comm = schedule_bytes(spec, cand.layout, fwd.forward) + schedule_bytes(spec, cand.layout, bwd.backward)
+    alts = tuple(close_alternatives(a + b) for a, b in zip(cand.alternatives, other.alternatives))
     return dataclasses.replace(cand, forward=fwd.forward, forward_s=fwd.forward_s, forward_ends=fwd.forward_ends,
                                backward=bwd.backward, backward_s=bwd.backward_s, backward_ends=bwd.backward_ends,
-                               stages=(fwd.stages[0], bwd.stages[1]), comm_bytes=comm)
+                               stages=(fwd.stages[0], bwd.stages[1]), comm_bytes=comm, alternatives=alts)
 
 
 def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:

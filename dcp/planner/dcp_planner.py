@@ -3,7 +3,8 @@
 Candidate placements — packings (``dcp.planner.pack``) at several compute tolerances, the two-level
 hypergraph partition (``dcp.planner.assign``) and the static baselines' placements (``dcp.planner.warm``) —
 are each scheduled (``dcp.schedule``) and scored by the estimated makespan (``dcp.cost.estimate``) under the
-memory budget (``dcp.planner.budget``); the few fastest are simulated and the fastest kept. The static
+memory budget (``dcp.planner.budget``); the few fastest are simulated and the fastest kept, its schedules
+then chosen per direction by simulation among its placement's close alternatives (``dcp.planner.polish``). The static
 baselines (``dcp.baselines``) implement the same ``Planner`` interface (``dcp.schedule.assemble``) and emit
 plans in the same IR, so every comparison runs through the same validator, statistics and executors.
 """
@@ -31,6 +32,7 @@ from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
+from dcp.planner.polish import polish
 from dcp.planner.refine import refine_packing
 from dcp.planner.warm import warm_candidates
 from dcp.schedule.assemble import Planner, assemble, check_inputs
@@ -102,6 +104,11 @@ class DCPPlanner(Planner):
             best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
+        if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
+            polished = polish(best, cands, spec, cluster, cfg.cost_model, budget)
+            if polished is not best:
+                cands.append(polished)
+                best = polished
         return Search(best, cands, tuple(notes), tuple(memory_notes), tuple(warm_names), tuple(skipped), budget, memo)
 
     def assemble(self, spec: BatchSpec, cluster: Cluster, best: Candidate, search: "Search", started: float,
