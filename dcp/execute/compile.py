@@ -71,6 +71,9 @@ class Spec(NamedTuple):
     vid: int
 
 
+_tuple_new = tuple.__new__  # Spec(...) without its Python-level __new__: the compiler makes thousands
+
+
 class Launch(NamedTuple):
     code: str
     n_ir: int
@@ -141,22 +144,25 @@ def _role_dtypes(dt: Dtypes) -> dict:
 
 def message_layout(tab, units: tuple, dt: Dtypes) -> MessageLayout:
     """The regions of a message carrying ``units`` (sorted), see the module docstring."""
+    return _message_layout(tab, units, _role_dtypes(dt))
+
+
+def _message_layout(tab, units: tuple, roles: dict) -> MessageLayout:
     regions, where, off = [], [], 0
-    tb_len, d, roles = tab.tb_len_list, tab.d, _role_dtypes(dt)
-    i, n_units = 0, len(units)
-    while i < n_units:
-        kind, _, hb = units[i]
-        j, n, first = i, 0, len(regions)
-        while j < n_units and units[j][0] == kind and units[j][2] == hb:
-            m = tb_len[units[j][1]]
-            where.append((first, n, m))
-            n += m
-            j += 1
-        h = tab.kvb if kind in KV_SIDE else tab.hqb
-        for dim, dtype, size in roles[kind]:
-            regions.append((dim, dtype, (n, h, d) if dim == 3 else (h, n), off // size))
-            off += -(-n * h * (d if dim == 3 else 1) * size // _ALIGN) * _ALIGN
-        i = j
+    tb_len, d = tab.tb_len_list, tab.d
+    run, n, first = None, 0, 0
+    for kind, tb, hb in (*units, (None, 0, None)):  # a sentinel closes the last run
+        if (kind, hb) != run:
+            if run is not None:
+                h = tab.kvb if run[0] in KV_SIDE else tab.hqb
+                for dim, dtype, size in roles[run[0]]:
+                    regions.append((dim, dtype, (n, h, d) if dim == 3 else (h, n), off // size))
+                    off += -(-n * h * (d if dim == 3 else 1) * size // _ALIGN) * _ALIGN
+            run, n, first = (kind, hb), 0, len(regions)
+        m = tb_len[tb]
+        where.append((first, n, m))
+        n += m
+    where.pop()
     return MessageLayout(off, tuple(regions), tuple(where))
 
 
@@ -228,6 +234,10 @@ class _Compiler:
         self.sent: set = set()
         self.inbox: dict = {}
         self.pending: dict = {}
+        # (kind, head block) -> heads (``_heads``), and per input unit its locations, asked for again and again
+        self.roles, self.messages = _role_dtypes(dt), tab.message_layouts(dt)
+        self.head_of = {(k, hb): self._heads(k, hb) for k in Kind for hb in range(tab.nhb)}
+        self.locs: dict = {}
 
     # -- helpers
     def _space(self, dim: int, rows: int | None) -> int:
@@ -237,16 +247,27 @@ class _Compiler:
         return len(self.dims) - 1
 
     def _spec(self, space: int, a: int | None, b: int | None, heads) -> Spec:
-        if a == 0 and heads is None and self.rows[space] == b:
-            a = b = None
-        key = (space, self.version[space], a, b, None if heads is None else (heads.start, heads.stop))
-        vid = self.vids.get(key)
+        if heads is None:
+            if a == 0 and self.rows[space] == b:
+                a = b = None
+            key = (space, self.version[space], a, b)
+        else:
+            key = (space, self.version[space], a, b, heads.start, heads.stop)
+        vids = self.vids
+        vid = vids.get(key)
         if vid is None:
-            vid = self.vids[key] = len(self.vids)
-        return Spec(space, a, b, heads, self.dims[space], vid)
+            vid = vids[key] = len(vids)
+        return _tuple_new(Spec, (space, a, b, heads, self.dims[space], vid))
 
     def _err(self, msg: str) -> ExecutionError:
         return ExecutionError(f"{self.direction} device {self.rank}: {msg}")
+
+    def _layout(self, key: tuple, units: tuple) -> MessageLayout:
+        """``PlanTables.message_layout`` of message ``key``."""
+        got = self.messages.get(key)
+        if got is None:
+            got = self.messages[key] = _message_layout(self.tab, units, self.roles)
+        return got
 
     def _is_home(self, tb: int) -> bool:
         return self.home[tb] == self.rank
@@ -267,23 +288,31 @@ class _Compiler:
 
     # -- inputs
     def _input(self, u: Unit) -> tuple:
-        if u.kind not in (self.in_q, self.in_kv):
-            raise self._err(f"{u.kind.name} is not an input of the {self.direction} pass")
-        q_side = u.kind == self.in_q
-        if self._is_home(u.tb):
-            spaces, row = (self.home_q if q_side else self.home_kv), self.local_off[u.tb]
+        kind, tb, hb = u
+        if kind != self.in_q and kind != self.in_kv:
+            raise self._err(f"{kind.name} is not an input of the {self.direction} pass")
+        q_side = kind == self.in_q
+        if self.home[tb] == self.rank:
+            at = (True, q_side, tb, hb)
         elif u not in self.arrived:
             raise self._missing(u)
         elif u in self.relay:
             return self.relay[u]
         else:
-            spaces = self.buf_q if q_side else self.buf_kv
-            row = (self.lay.q_slot if q_side else self.lay.kv_slot)[u.tb]
-        h = self._heads(u.kind, u.hb)
-        return tuple((s, row, h) for s in spaces)
+            at = (False, q_side, tb, hb)
+        got = self.locs.get(at)  # a home or slot location never changes: made once
+        if got is None:
+            if at[0]:
+                spaces, row = (self.home_q if q_side else self.home_kv), self.local_off[tb]
+            else:
+                spaces = self.buf_q if q_side else self.buf_kv
+                row = (self.lay.q_slot if q_side else self.lay.kv_slot)[tb]
+            h = self.head_of[kind, hb]
+            got = self.locs[at] = tuple((s, row, h) for s in spaces)
+        return got
 
     def _payload(self, u: Unit) -> tuple:
-        if u.kind in (self.in_q, self.in_kv):
+        if u[0] == self.in_q or u[0] == self.in_kv:
             return self._input(u)
         if u in self.sent:
             raise self._err(f"sends partial {u.kind.name}[{u.tb},{u.hb}] twice")
@@ -365,38 +394,40 @@ class _Compiler:
 
     def _launch(self, op) -> Launch:
         msgs, total, dtypes = [], 0, {}
+        payload, spec, layout_of = self._payload, self._spec, self._layout
         for peer, units in op.sends:
-            # a message of one tensor nobody writes any more (home input, sent partial) may go as it is
-            alias_ok = not any(u.kind in (self.in_q, self.in_kv) and not self._is_home(u.tb) and u not in self.relay
-                               for u in units)
-            layout = self.tab.message_layout((self.direction, op.round, self.rank, peer), units, self.dt)
+            layout = layout_of((self.direction, op.round, self.rank, peer), units)
             # pieces: runs of a region's units whose source rows are contiguous too (one copy each)
             last: dict = {}
             runs = []
             for (first, row, m), u in zip(layout.units, units):
-                for j, (s, r, h) in enumerate(self._payload(u)):
-                    p = last.get(first + j)
+                for s, r, h in payload(u):
+                    p = last.get(first)
                     if p is not None and p[1] == s and p[2] + p[4] == r and p[3] == h:
                         p[4] += m
                     else:
-                        p = last[first + j] = [row, s, r, h, m]
-                        runs.append((first + j, p))
+                        p = last[first] = [row, s, r, h, m]
+                        runs.append((first, p))
+                    first += 1
             pieces = []
+            regions = layout.regions
             for reg, (a, s, r, h, m) in runs:
-                dt, size, stride, off = piece_geometry(layout.regions[reg], a, m)
-                dtypes.setdefault(dt, None)
-                pieces.append(((dt, size, stride, off + total // dt.itemsize), self._spec(s, r, r + m, h)))
+                dt, size, stride, off = piece_geometry(regions[reg], a, m)
+                dtypes[dt] = None
+                pieces.append(((dt, size, stride, off + total // dt.itemsize), spec(s, r, r + m, h)))
             alias = None
-            region = layout.regions[0] if len(layout.regions) == 1 else None
-            if alias_ok and region is not None and len(pieces) == 1:
+            region = regions[0] if len(regions) == 1 else None
+            # a message of one tensor nobody writes any more (home input, sent partial) may go as it is
+            if region is not None and len(pieces) == 1 and not any(
+                    u.kind in (self.in_q, self.in_kv) and not self._is_home(u.tb) and u not in self.relay
+                    for u in units):
                 dtype, size = region[1], region[2]
                 raw = size[0] * size[1] * (size[2] if len(size) == 3 else 1) * dtype.itemsize
                 if raw == layout.nbytes:
                     alias = (pieces[0][1], dtype)
             msgs.append((peer, total, layout.nbytes, tuple(pieces), alias))
             total += layout.nbytes
-        layouts = [self.tab.message_layout((self.direction, op.round, peer, self.rank), units, self.dt)
-                   for peer, units in op.recvs]
+        layouts = [layout_of((self.direction, op.round, peer, self.rank), units) for peer, units in op.recvs]
         recvs = [(peer, (layout.nbytes,), torch.uint8) for (peer, _), layout in zip(op.recvs, layouts)]
         if op.round in self.pending:
             raise self._err(f"launches round {op.round} twice")
@@ -408,40 +439,45 @@ class _Compiler:
         if got is None:
             raise self._err(f"waits for round {op.round}, which it never launched")
         msgs = []
+        in_q, in_kv, home, rank = self.in_q, self.in_kv, self.home, self.rank
+        q_slot, kv_slot, arrived, relay, inbox = self.lay.q_slot, self.lay.kv_slot, self.arrived, self.relay, self.inbox
         for (peer, units), layout in zip(*got):
             live: dict = {}   # region -> space
+            regs = layout.regions
 
             def loc(r: int, row: int) -> tuple:
-                if r not in live:
-                    reg = layout.regions[r]
-                    live[r] = self._space(reg[0], reg[2][0] if reg[0] == 3 else reg[2][1])
-                return (live[r], row, None)
+                space = live.get(r)
+                if space is None:
+                    reg = regs[r]
+                    space = live[r] = self._space(reg[0], reg[2][0] if reg[0] == 3 else reg[2][1])
+                return (space, row, None)
 
             copies: list = []
             last: dict = {}
             for u, (first, row, m) in zip(units, layout.units):
-                n_roles = len(ROLES[u.kind])
-                if u.kind in (self.in_q, self.in_kv):
-                    q_side = u.kind == self.in_q
-                    slot = (self.lay.q_slot if q_side else self.lay.kv_slot).get(u.tb)
-                    self.arrived.add(u)
-                    if slot is None or self._is_home(u.tb):
-                        self.relay[u] = tuple(loc(first + j, row) for j in range(n_roles))
+                kind, tb, hb = u
+                if kind == in_q or kind == in_kv:
+                    q_side = kind == in_q
+                    slot = (q_slot if q_side else kv_slot).get(tb)
+                    arrived.add(u)
+                    if slot is None or home[tb] == rank:
+                        relay[u] = tuple(loc(first + j, row) for j in range(len(ROLES[kind])))
                         continue
-                    self.relay.pop(u, None)
-                    h = self._heads(u.kind, u.hb)
-                    for j, s in enumerate(self.buf_q if q_side else self.buf_kv):
+                    relay.pop(u, None)
+                    h = self.head_of[kind, hb]
+                    for s in (self.buf_q if q_side else self.buf_kv):
                         p = last.get(s)  # runs contiguous in the message and in the slots: one copy each
-                        if p is not None and p[1] == first + j and p[0] + p[4] == slot and p[2] + p[4] == row \
+                        if p is not None and p[1] == first and p[0] + p[4] == slot and p[2] + p[4] == row \
                                 and p[3] == h:
                             p[4] += m
                         else:
-                            p = last[s] = [slot, first + j, row, h, m]
+                            p = last[s] = [slot, first, row, h, m]
                             copies.append((s, p))
+                        first += 1
                 else:
-                    if (u, peer) in self.inbox:
-                        raise self._err(f"receives partial {u.kind.name}[{u.tb},{u.hb}] from {peer} twice")
-                    self.inbox[u, peer] = (tuple(loc(first + j, row) for j in range(n_roles)), m)
+                    if (u, peer) in inbox:
+                        raise self._err(f"receives partial {kind.name}[{tb},{hb}] from {peer} twice")
+                    inbox[u, peer] = (tuple(loc(first + j, row) for j in range(len(ROLES[kind]))), m)
             pieces = tuple((self._spec(s, a, a + m, h), piece_geometry(layout.regions[r], row, m))
                            for s, (a, r, row, h, m) in copies)
             regions = tuple((space, piece_geometry(layout.regions[r], 0, self.rows[space]))

@@ -75,7 +75,7 @@ class PlanTables:
         self._stages: dict[tuple, tuple] = {}       # (direction, device, tiles) -> kernel calls
         self._programs: dict[tuple, tuple[list[Op], list[int]]] = {}
         self._layouts: dict[tuple, DeviceLayout] = {}
-        self._messages: dict[tuple, "MessageLayout"] = {}
+        self._messages: dict = {}                    # dtypes -> {(direction, round, src, dst): MessageLayout}
         self._compiled: dict[tuple, "Compiled"] = {}
         self._workspaces: dict[tuple, object] = {}
         self._lock = threading.Lock()
@@ -177,11 +177,20 @@ class PlanTables:
     def message_layout(self, key: tuple, units: tuple, dt: "Dtypes") -> "MessageLayout":
         """Regions of the message ``key`` = (direction, round, src, dst) carrying ``units`` (cached per key and dtypes;
         ``dcp.execute.compile.message_layout``)."""
-        got = self._messages.get((key, dt))
+        cache = self.message_layouts(dt)
+        got = cache.get(key)
         if got is None:
             from dcp.execute.compile import message_layout
 
-            got = self._messages[(key, dt)] = message_layout(self, units, dt)
+            got = cache[key] = message_layout(self, units, dt)
+        return got
+
+    def message_layouts(self, dt: "Dtypes") -> dict:
+        """The cache of ``message_layout`` in dtypes ``dt`` (a compiler looks it up once, not per message):
+        ``{(direction, round, src, dst): MessageLayout}``."""
+        got = self._messages.get(dt)
+        if got is None:
+            got = self._messages[dt] = {}
         return got
 
     def workspace(self, key: tuple, make):
@@ -204,8 +213,12 @@ def _group(rows: np.ndarray, peer_col: int) -> tuple:
     """((peer, (unit, ...)), ...) of one round's transfer rows, per peer in order, units sorted (the rows of
     ``DeviceIndex`` come by (peer, kind, tb, hb) within a round already: sender and receiver see one order)."""
     by_peer: dict[int, list] = {}
+    new, kinds = tuple.__new__, _KIND  # Unit(...) without its Python-level __new__
     for kind, tb, hb, peer in rows[:, [KIND, TB, HB, peer_col]].tolist():
-        by_peer.setdefault(peer, []).append(Unit(_KIND[kind], tb, hb))
+        us = by_peer.get(peer)
+        if us is None:
+            us = by_peer[peer] = []
+        us.append(new(Unit, (kinds[kind], tb, hb)))
     return tuple((p, tuple(us)) for p, us in sorted(by_peer.items()))
 
 

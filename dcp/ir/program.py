@@ -116,6 +116,23 @@ def _csr(sorted_keys: np.ndarray, n: int) -> np.ndarray:
     return np.searchsorted(sorted_keys, np.arange(n + 1), side="left").astype(np.int64)
 
 
+def _row_order(rows: np.ndarray, keys: tuple[int, ...]) -> np.ndarray:
+    """Stable order of ``rows`` by the columns ``keys`` (most significant first): one argsort of the columns
+    packed into one int64 key where they fit (a few times faster than ``np.lexsort`` of six columns)."""
+    if rows.shape[0] < 2:
+        return np.arange(rows.shape[0])
+    cols = rows[:, list(keys)].astype(np.int64)
+    lo, hi = cols.min(axis=0), cols.max(axis=0)
+    widths = (hi - lo + 1).tolist()
+    if float(np.prod(widths, dtype=np.float64)) >= 2.0 ** 62:
+        return np.lexsort(tuple(rows[:, k] for k in reversed(keys)))
+    key = np.zeros(rows.shape[0], dtype=np.int64)
+    for j, w in enumerate(widths):
+        key *= w
+        key += cols[:, j] - lo[j]
+    return np.argsort(key, kind="stable")
+
+
 class DeviceIndex:
     """Each device's rows of a ``Program`` as index ranges (no per-row objects).
 
@@ -141,7 +158,7 @@ class DeviceIndex:
     def _rows(self, rows: np.ndarray, keys: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         dev = rows[:, keys[0]].astype(np.int64)
         ok = np.flatnonzero((dev >= 0) & (dev < self.n_devices))
-        order = ok[np.lexsort(tuple(rows[ok, k] for k in reversed(keys)))]
+        order = ok[_row_order(rows[ok], keys)]
         return order, _csr(dev[order], self.n_devices)
 
     def sends(self, d: int) -> np.ndarray:
