@@ -296,3 +296,36 @@ def test_hypergraph_candidate_coarsens_blocks_on_big_batches():
     plan = dcp.plan(spec, dcp.Cluster(1, 4), cfg)
     assert plan.tiles.n_tiles <= 500 < dcp.plan(spec, dcp.Cluster(1, 4), dcp.PlannerConfig(
         search=dcp.SearchConfig(**only, hypergraph_max_tiles=0), **FAST)).tiles.n_tiles
+
+
+def test_resize_reaches_the_best_packing_when_a_warm_start_is_chosen():
+    """A warm start chosen over a packing may lose to that packing at another block size: the packing
+    estimated within ``SIMULATE_WITHIN`` of the choice is rebuilt at the other block sizes."""
+    from dcp.planner.budget import SIMULATE_WITHIN, MemoryBudget
+    from dcp.planner.dcp_planner import DCPPlanner
+
+    @dataclasses.dataclass(frozen=True)
+    class Fake:
+        label: str
+        time: float
+        max_tokens: int = 100
+
+        def step_s(self, token_time_s):
+            return self.time
+
+    build = object()
+    packings = {"pack(eps=0)": ((), None, build), "pack(eps=0.1)": ((), None, build),
+                "pack(aligned)": ((), None, None), "warm(magi)": ((), None, None)}
+    budget = MemoryBudget(100, None)
+    warm, p0, p1, aligned = Fake("warm(magi)", 1.0), Fake("pack(eps=0)", 1.05), Fake("pack(eps=0.1)", 1.02), \
+        Fake("pack(aligned)", 1.0)
+    planner = DCPPlanner(dcp.PlannerConfig(**FAST))
+    lead = planner._resizable_lead
+    assert lead(p0, [warm, p0, p1], packings, budget) is p0  # a packing chosen: itself
+    assert lead(warm, [warm, p0, p1, aligned], packings, budget) is p1  # the fastest rebuildable packing
+    far = Fake("pack(eps=0.1)", 1.0 + 2 * SIMULATE_WITHIN)
+    assert lead(warm, [warm, far], packings, budget) is None  # none close enough
+    over = Fake("pack(eps=0.1)", 1.0, max_tokens=200)
+    assert lead(warm, [warm, over], packings, budget) is None  # over the token budget
+    no_sizes = DCPPlanner(dcp.PlannerConfig(search=dcp.SearchConfig(block_size_factors=()), **FAST))
+    assert no_sizes._resizable_lead(p0, [p0], packings, budget) is None

@@ -117,6 +117,18 @@ class TEA2AP2PPlanner(Planner):
                                      f"{spec.num_heads} query heads ({spec.num_kv_heads} KV heads) evenly")
         return hp
 
+    def warm_points(self, spec: BatchSpec, cluster: Cluster, token_budget: float) -> tuple[Planner, ...]:
+        """``head_parallel=None``: this planner and, where the heads allow it, the all-to-all over half a node
+        (its ring then spans twice the groups: on the micro grid's LongAlign x4 causal batches that start won
+        where dcp had lost to TE tuned to a smaller all-to-all); a set size: this planner. Every setting holds
+        the mean tokens per device."""
+        half = cluster.gpus_per_node // 2
+        if self.head_parallel is not None or half < 2 or self._head_parallel(spec, cluster) != 2 * half:
+            return (self,)
+        if a2a_head_block_size(spec, half) is None:
+            return (self,)
+        return (self, TEA2AP2PPlanner(self.shards, half))
+
     def tuning_grid(self, spec: BatchSpec, cluster: Cluster) -> tuple[Planner, ...]:
         g = cluster.gpus_per_node
         hps = [h for h in range(1, g + 1) if g % h == 0 and (h == 1 or a2a_head_block_size(spec, h) is not None)]

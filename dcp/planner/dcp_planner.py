@@ -27,7 +27,7 @@ from dcp.layout.blocks import BlockLayout, TileSet, uniform_layout
 from dcp.layout.tiles import enumerate_tiles
 from dcp.partition import GreedyPartitioner
 from dcp.planner.assign import SLACK_COST, start_assign
-from dcp.planner.budget import MemoryBudget, pick
+from dcp.planner.budget import SIMULATE_WITHIN, MemoryBudget, pick
 from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
@@ -100,8 +100,9 @@ class DCPPlanner(Planner):
         memo: dict = {}  # programs, transient peaks and simulated times of candidates, across the choices below
         cands = self._widen(spec, cluster, cands, budget, packings)
         best, memory_notes = choose(cands, cfg, budget, spec, cluster, memo)
-        if best.label in packings and packings[best.label][2] is not None and cfg.search.block_size_factors:
-            best, memory_notes = self._resize(spec, cluster, best, cands, packings, budget, memo)
+        lead = self._resizable_lead(best, cands, packings, budget)
+        if lead is not None:
+            best, memory_notes = self._resize(spec, cluster, lead, cands, packings, budget, memo)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
         if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
@@ -206,6 +207,27 @@ class DCPPlanner(Planner):
             if cands[i].label in packings:
                 packings[label] = packings[cands[i].label]
         return out
+
+    def _resizable_lead(self, best: Candidate, cands: list[Candidate], packings: dict,
+                        budget: MemoryBudget) -> Candidate | None:
+        """The packing ``_resize`` rebuilds at other block sizes: the chosen candidate when it is one, else the
+        fastest packing within the token budget estimated within ``SIMULATE_WITHIN`` of the choice (a warm start
+        chosen over a packing can lose to that packing at another block size: micro grid, LongAlign x4
+        causal, H100); None when there is none, or no other block size to try."""
+        cfg = self.config
+        if not cfg.search.block_size_factors:
+            return None
+        resizable = lambda c: c.label in packings and packings[c.label][2] is not None  # noqa: E731
+        if resizable(best):
+            return best
+        if cfg.search.objective != "time":
+            return None
+        token_s = cfg.search.token_time_s
+        fits = [c for c in within_tokens(cands, budget)[0] if resizable(c)]
+        lead = min(fits, key=lambda c: c.step_s(token_s), default=None)
+        if lead is None or lead.step_s(token_s) > best.step_s(token_s) * (1 + SIMULATE_WITHIN):
+            return None
+        return lead
 
     def _resize(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], packings: dict,
                 budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
