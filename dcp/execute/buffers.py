@@ -234,7 +234,7 @@ def _make_call(tab, device: int, sp: _Spec, lay: DeviceLayout, in_q, in_kv, n_lo
     q_hi = cursor
     kv_lo = min(krow.values())
     kv_hi = max(r + int(tab.tb_len[tb]) for tb, r in krow.items())
-    tile_mask_row, mask_ranges = mask_table(tab, t, q_tb, kv_tb)
+    tile_mask_row, mask_ranges = mask_table(tab, device, t, q_tb)
     i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     table = table_cls(seg_cu=i32(seg_cu), seg_tile_ptr=i32(ptr), tile_k_start=i32(kr - kv_lo),
                       tile_k_len=i32(tab.tb_len[kv_tb]), tile_mask_row=i32(tile_mask_row),
@@ -260,11 +260,11 @@ def _make_call(tab, device: int, sp: _Spec, lay: DeviceLayout, in_q, in_kv, n_lo
                 kv_src == HOME and kv_lo == 0 and kv_hi == n_local and hk is None)
 
 
-def mask_table(tab, t: np.ndarray, q_tb: np.ndarray, kv_tb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(tile_mask_row, mask_ranges) of tiles ``t`` in table order: the sequence-local key ranges of every
-    row of each partial tile, clipped and shifted to the tile's kv block (only slots some row uses)."""
-    plan, lay = tab.plan, tab.plan.layout
-    full = plan.tiles.full[t].astype(bool)
+def mask_table(tab, device: int, t: np.ndarray, q_tb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tile_mask_row, mask_ranges) of ``device``'s tiles ``t`` in table order: the sequence-local key ranges
+    of every row of each partial tile, clipped and shifted to the tile's kv block (only slots some row uses;
+    ``PlanTables.mask_rows`` makes those of all the device's tiles at once)."""
+    full = tab.plan.tiles.full[t].astype(bool)
     tile_mask_row = np.full(t.size, -1, dtype=np.int64)
     part = np.flatnonzero(~full)
     if not part.size:
@@ -272,19 +272,15 @@ def mask_table(tab, t: np.ndarray, q_tb: np.ndarray, kv_tb: np.ndarray) -> tuple
     plens = tab.tb_len[q_tb[part]]
     starts = np.cumsum(plens) - plens
     tile_mask_row[part] = starts
+    pos, ranges = tab.mask_rows(device)
+    first = pos[t[part]]
+    if (first < 0).any():
+        raise ValueError(f"mask_table: tiles {t[part][first < 0].tolist()} are not device {device}'s")
     rep = np.repeat(np.arange(part.size), plens)
-    within = np.arange(rep.size) - starts[rep]
-    rows = lay.tb_start[q_tb[part]][rep].astype(np.int64) + within
-    ks = (lay.tb_start[kv_tb[part]].astype(np.int64) - plan.spec.cu_seqlens[lay.tb_seq[kv_tb[part]]])[rep]
-    ke = ks + tab.tb_len[kv_tb[part]][rep]
-    rng = tab.ranges_of_rows(rows)                         # [n_rows, R, 2], sequence-local
-    s = np.clip(rng[:, :, 0], ks[:, None], ke[:, None]) - ks[:, None]
-    e = np.clip(rng[:, :, 1], ks[:, None], ke[:, None]) - ks[:, None]
-    empty = e <= s
-    s[empty], e[empty] = 0, 0
-    used_cols = np.flatnonzero((~empty).any(axis=0))
+    rows = ranges[(first - starts)[rep] + np.arange(rep.size)]
+    used_cols = np.flatnonzero((rows[:, :, 1] > rows[:, :, 0]).any(axis=0))
     ncol = int(used_cols[-1]) + 1 if used_cols.size else 1
-    return tile_mask_row, np.stack([s[:, :ncol], e[:, :ncol]], axis=-1)
+    return tile_mask_row, rows[:, :ncol]
 
 
 # ------------------------------------------------------------------------------------ views

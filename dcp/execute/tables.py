@@ -80,6 +80,7 @@ class PlanTables:
         self._workspaces: dict[tuple, object] = {}
         self._lock = threading.Lock()
         self._seq_ranges: dict[int, np.ndarray] = {}
+        self._mask_rows: dict[int, tuple] = {}
         self.cu_seqlens = np.asarray(plan.spec.cu_seqlens, dtype=np.int64)
         self._scatter = None
         self.validated = False
@@ -123,6 +124,33 @@ class PlanTables:
             sel = seq == s
             out[sel, :x.shape[1]] = x[rows[sel] - cu[s]]
         return out
+
+    def mask_rows(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """The masks of every partial tile ``device`` runs, made at once (its kernel calls of both directions
+        take theirs from here): (int64 ``[n_tiles]``: each such tile's first row in the second array, -1 for
+        the other tiles; int64 ``[rows, R, 2]``: per row of the tile's q block, its sequence-local key ranges
+        clipped and shifted to the tile's kv block, empty ones (0, 0))."""
+        got = self._mask_rows.get(device)
+        if got is None:
+            plan, lay = self.plan, self.plan.layout
+            ts = plan.tiles
+            t = np.flatnonzero((np.asarray(plan.tile_device) == device) & ~ts.full.astype(bool))
+            q_tb, kv_tb = ts.q_tb[t].astype(np.int64), ts.kv_tb[t].astype(np.int64)
+            plens = self.tb_len[q_tb]
+            starts = np.cumsum(plens) - plens
+            pos = np.full(ts.n_tiles, -1, dtype=np.int64)
+            pos[t] = starts
+            rep = np.repeat(np.arange(t.size), plens)
+            rows = lay.tb_start[q_tb][rep].astype(np.int64) + (np.arange(rep.size) - starts[rep])
+            ks = (lay.tb_start[kv_tb].astype(np.int64) - self.cu_seqlens[lay.tb_seq[kv_tb]])[rep]
+            ke = ks + self.tb_len[kv_tb][rep]
+            rng = self.ranges_of_rows(rows)                         # [n_rows, R, 2], sequence-local
+            s = np.clip(rng[:, :, 0], ks[:, None], ke[:, None]) - ks[:, None]
+            e = np.clip(rng[:, :, 1], ks[:, None], ke[:, None]) - ks[:, None]
+            empty = e <= s
+            s[empty], e[empty] = 0, 0
+            got = self._mask_rows[device] = (pos, np.stack([s, e], axis=-1))
+        return got
 
     # -- compiled programs
     def program(self, direction: str, device: int) -> tuple[list[Op], list[int]]:
