@@ -299,9 +299,9 @@ def test_hypergraph_candidate_coarsens_blocks_on_big_batches():
 
 
 def test_resize_reaches_the_best_packing_when_a_warm_start_is_chosen():
-    """A warm start chosen over a packing may lose to that packing at another block size: the packing
-    estimated within ``SIMULATE_WITHIN`` of the choice is rebuilt at the other block sizes."""
-    from dcp.planner.budget import SIMULATE_WITHIN, MemoryBudget
+    """A warm start chosen over a packing may lose to that packing at another block size: the fastest packing
+    within the token budget is rebuilt at the other block sizes."""
+    from dcp.planner.budget import MemoryBudget
     from dcp.planner.dcp_planner import DCPPlanner
 
     @dataclasses.dataclass(frozen=True)
@@ -323,9 +323,31 @@ def test_resize_reaches_the_best_packing_when_a_warm_start_is_chosen():
     lead = planner._resizable_lead
     assert lead(p0, [warm, p0, p1], packings, budget) is p0  # a packing chosen: itself
     assert lead(warm, [warm, p0, p1, aligned], packings, budget) is p1  # the fastest rebuildable packing
-    far = Fake("pack(eps=0.1)", 1.0 + 2 * SIMULATE_WITHIN)
-    assert lead(warm, [warm, far], packings, budget) is None  # none close enough
+    far = Fake("pack(eps=0.1)", 1.5)
+    assert lead(warm, [warm, far], packings, budget) is far  # however far its estimate at this block size
+    assert lead(warm, [warm, aligned], packings, budget) is None  # no packing that can be rebuilt
     over = Fake("pack(eps=0.1)", 1.0, max_tokens=200)
     assert lead(warm, [warm, over], packings, budget) is None  # over the token budget
     no_sizes = DCPPlanner(dcp.PlannerConfig(search=dcp.SearchConfig(block_size_factors=()), **FAST))
     assert no_sizes._resizable_lead(p0, [p0], packings, budget) is None
+
+
+def test_resized_and_earlier_choices_are_simulated_wherever_they_rank():
+    """``pick``'s ``keep``: a candidate far down the estimate's ranking is still simulated, and chosen when it
+    simulates fastest (new candidates must not push an earlier, faster-simulated choice out)."""
+    from dcp.planner.budget import MemoryBudget, candidate_programs, pick
+
+    spec = dcp.BatchSpec(lognormal_lengths(3, 30000), M.CausalMask(), 8, 2, 64)
+    cluster = dcp.Cluster(1, 4)
+    search = dcp.DCPPlanner(dcp.PlannerConfig(cost_model=A100, transient_budget=None, **FAST)).search(spec, cluster)
+    sims = {id(c): sum(r.makespan_s for r in simulate_both(candidate_programs(c, spec, cluster), A100,
+                                                            record_events=False)) for c in search.cands}
+    ranked = sorted(search.cands, key=lambda c: c.time_s)
+    budget = MemoryBudget(float("inf"), None)
+    fastest = min(ranked, key=lambda c: sims[id(c)])
+    alone, _ = pick(ranked, budget, spec, cluster, A100, simulate_top=2)
+    kept, _ = pick(ranked, budget, spec, cluster, A100, simulate_top=2, keep=(fastest,))
+    assert sims[id(kept)] == min(sims[id(alone)], sims[id(fastest)])
+    last = ranked[-1]
+    got, _ = pick(ranked, budget, spec, cluster, A100, simulate_top=2, keep=(last,))
+    assert sims[id(got)] <= min(sims[id(ranked[0])], sims[id(last)]) * (1 + 1e-12)

@@ -81,23 +81,31 @@ SIMULATE_WITHIN = 0.1
 
 
 def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_top: int = 0,
-         token_time_s: float = 0.0, memo: dict | None = None) -> tuple[object, list[str]]:
+         token_time_s: float = 0.0, memo: dict | None = None, keep: tuple = ()) -> tuple[object, list[str]]:
     """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
     or the least over it). Their programs are built in that order until one is within the transient
     budget; of the first ``simulate_top`` those within it and estimated within ``SIMULATE_WITHIN`` of the
     first compete by simulated time (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time
     is its simulated time, not an estimate's. When none is within the transient budget, the one with the
     smallest peak stands (with a note). ``memo``: results per
-    candidate kept across calls of one planning run."""
+    candidate kept across calls of one planning run. ``keep``: candidates simulated wherever they rank (a
+    choice made before more candidates joined, and those that joined for it: new candidates must not push an
+    earlier, faster-simulated choice out of the simulated few)."""
     if budget.transient_bytes is None and simulate_top <= 1:
         return ranked[0], []
     memo = {} if memo is None else memo
     checked, fits = [], []
     first_s = ranked[0].step_s(token_time_s)
+    kept = {id(c) for c in keep} if simulate_top > 1 else set()
+    left = {id(c) for c in ranked} & kept
     for i, cand in enumerate(ranked):
         close = i < simulate_top and cand.step_s(token_time_s) <= first_s * (1 + SIMULATE_WITHIN)
+        close = close or id(cand) in kept
+        left.discard(id(cand))
         if i > 0 and not close and fits:
-            break  # a candidate within the transient budget is in hand and the rest are not close
+            if not left:
+                break  # a candidate within the transient budget is in hand and the rest are not close
+            continue
         got = memo.get(id(cand))
         if got is None or (close and got[1] is None):
             plan = candidate_programs(cand, spec, cluster)

@@ -27,7 +27,7 @@ from dcp.layout.blocks import BlockLayout, TileSet, uniform_layout
 from dcp.layout.tiles import enumerate_tiles
 from dcp.partition import GreedyPartitioner
 from dcp.planner.assign import SLACK_COST, start_assign
-from dcp.planner.budget import SIMULATE_WITHIN, MemoryBudget, pick
+from dcp.planner.budget import MemoryBudget, pick
 from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
@@ -102,7 +102,7 @@ class DCPPlanner(Planner):
         best, memory_notes = choose(cands, cfg, budget, spec, cluster, memo)
         lead = self._resizable_lead(best, cands, packings, budget)
         if lead is not None:
-            best, memory_notes = self._resize(spec, cluster, lead, cands, packings, budget, memo)
+            best, memory_notes = self._resize(spec, cluster, lead, cands, packings, budget, memo, best)
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
         if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
@@ -187,8 +187,9 @@ class DCPPlanner(Planner):
 
     def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget,
                packings: dict) -> list[Candidate]:
-        """The candidates plus the ``WIDEN_TOP`` estimated fastest (of those within the token budget) scheduled at
-        every stage count of the search ("<label>/staged"; ``packings`` learns their labels)."""
+        """The candidates plus the ``WIDEN_TOP`` estimated fastest and the fastest packing (of those within the
+        token budget) scheduled at every stage count of the search ("<label>/staged"; ``packings`` learns their
+        labels)."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
@@ -197,7 +198,11 @@ class DCPPlanner(Planner):
         ranked = sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
-        for i in ranked[:WIDEN_TOP]:
+        top = ranked[:WIDEN_TOP]
+        # the fastest packing too: warm starts can fill the top few, and a packing is what the block-size
+        # rebuild (``_resize``) then starts from
+        top += [i for i in ranked if cands[i].label in packings and packings[cands[i].label][2] is not None][:1]
+        for i in dict.fromkeys(top):
             wide = widen(cands[i], spec, cluster, cfg.cost_model, cfg.search.stage_counts, cfg.two_phase)
             if wide.stages == cands[i].stages:
                 continue  # no other stage count was estimated faster
@@ -211,9 +216,9 @@ class DCPPlanner(Planner):
     def _resizable_lead(self, best: Candidate, cands: list[Candidate], packings: dict,
                         budget: MemoryBudget) -> Candidate | None:
         """The packing ``_resize`` rebuilds at other block sizes: the chosen candidate when it is one, else the
-        fastest packing within the token budget estimated within ``SIMULATE_WITHIN`` of the choice (a warm start
-        chosen over a packing can lose to that packing at another block size: micro grid, LongAlign x4
-        causal, H100); None when there is none, or no other block size to try."""
+        fastest packing within the token budget (a warm start chosen over a packing can lose to that packing at
+        another block size, estimated 15 % slower at the configured one: micro grid, LongAlign x2 causal-blockwise,
+        H100); None when there is none, or no other block size to try."""
         cfg = self.config
         if not cfg.search.block_size_factors:
             return None
@@ -224,17 +229,16 @@ class DCPPlanner(Planner):
             return None
         token_s = cfg.search.token_time_s
         fits = [c for c in within_tokens(cands, budget)[0] if resizable(c)]
-        lead = min(fits, key=lambda c: c.step_s(token_s), default=None)
-        if lead is None or lead.step_s(token_s) > best.step_s(token_s) * (1 + SIMULATE_WITHIN):
-            return None
-        return lead
+        return min(fits, key=lambda c: c.step_s(token_s), default=None)
 
     def _resize(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], packings: dict,
-                budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
-        """The chosen packing rebuilt at each block size of ``SearchConfig.block_size_factors`` x the
+                budget: MemoryBudget, memo: dict, chosen: Candidate | None = None) -> tuple[Candidate, list[str]]:
+        """The packing ``best`` rebuilt at each block size of ``SearchConfig.block_size_factors`` x the
         configured one (tile size decides kernel efficiency and stage granularity; the cost model scores
-        it), scheduled at the chosen stage counts; the fastest stays chosen."""
+        it), scheduled at its stage counts; the fastest of all stays chosen, the rebuilt ones and the choice
+        so far (``chosen``, default ``best``) simulated wherever they rank."""
         cfg = self.config
+        keep = [chosen or best]
         for factor in cfg.search.block_size_factors:
             size = max(64, int(round(cfg.block_size * factor)))
             if size == cfg.block_size:
@@ -243,8 +247,9 @@ class DCPPlanner(Planner):
             label = f"{best.label}@B{size}"
             cands.append(evaluate(label, spec, cluster, pk.layout, pk.tiles, pk.home, pk.tile_device, cfg.cost_model,
                                   (), cfg.two_phase, per_direction=best.stages))
+            keep.append(cands[-1])
             packings[label] = (pk.groups, packings[best.label][1], None)
-        return choose(cands, cfg, budget, spec, cluster, memo)
+        return choose(cands, cfg, budget, spec, cluster, memo, tuple(keep))
 
     def _refine(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate], groups,
                 weights, budget: MemoryBudget, memo: dict) -> tuple[Candidate, list[str]]:
@@ -254,9 +259,11 @@ class DCPPlanner(Planner):
         cap = max(float(best.max_tokens), budget.tokens)
         refined = refine_packing(best, groups, weights, spec, cluster, cfg.cost_model, cfg.two_phase, cap,
                                  cfg.search.refine_evaluations, token_time_s=cfg.search.token_time_s)
+        keep = [best]
         if refined is not best:
             cands.append(dataclasses.replace(refined, label=best.label + "+refined"))
-        return choose(cands, cfg, budget, spec, cluster, memo)
+            keep.append(cands[-1])
+        return choose(cands, cfg, budget, spec, cluster, memo, tuple(keep))
 
     def _packings(self, spec: BatchSpec, cluster: Cluster, layout: BlockLayout,
                   tiles: TileSet) -> tuple[list[Candidate], dict]:
@@ -366,11 +373,11 @@ class _Dropped(Exception):
 
 
 def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | None = None, spec=None,
-           cluster: Cluster | None = None, memo: dict | None = None) -> tuple[Candidate, list[str]]:
+           cluster: Cluster | None = None, memo: dict | None = None, keep: tuple = ()) -> tuple[Candidate, list[str]]:
     """The candidate ``cfg.search`` asks for (``SearchConfig``) among those within the memory budget
     (``dcp.planner.budget``; ties go to the earlier candidate; with the time objective the fastest few by the
     estimate are simulated and the fastest simulated one wins, ``dcp.planner.budget.pick``), and the notes saying
-    where it is over budget."""
+    where it is over budget. ``keep``: candidates the final choice simulates wherever they rank (``pick``)."""
     notes: list[str] = []
     if budget is not None:
         cands, ok = within_tokens(cands, budget)
@@ -392,7 +399,7 @@ def choose(cands: list[Candidate], cfg: PlannerConfig, budget: MemoryBudget | No
     if budget is None:
         return ranked[0], notes
     simulate_top = search.simulate_top if search.objective == "time" else 0
-    best, more = pick(ranked, budget, spec, cluster, cfg.cost_model, simulate_top, search.token_time_s, memo)
+    best, more = pick(ranked, budget, spec, cluster, cfg.cost_model, simulate_top, search.token_time_s, memo, keep)
     if not ok:
         notes[0] = token_note(best, budget, cluster.n_devices)
     return best, notes + more
