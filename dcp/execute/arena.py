@@ -119,10 +119,13 @@ def plan_arena(comp) -> Arena:
     for nb, a, b, key in sorted(blocks, key=lambda x: (-x[0], x[1], x[3])):
         size = -(-nb // _ALIGN) * _ALIGN
         off = 0
-        for lo, hi, _, _ in sorted(p for p in placed if p[2] <= b and a <= p[3]):
+        busy = [p for p in placed if p[2] <= b and a <= p[3]]
+        busy.sort()
+        for lo, hi, _, _ in busy:
             if off + size <= lo:
                 break
-            off = max(off, hi)
+            if hi > off:
+                off = hi
         placed.append((off, off + size, a, b))
         out.append((key, off, nb, a, b))
         top = max(top, off + size)
@@ -136,20 +139,23 @@ def bind_arena(comp, arena: Arena, device: torch.device, bind) -> tuple:
     the ``Spec`` of a persistent slot view (others pass through)."""
     buf = torch.empty(arena.nbytes, dtype=torch.uint8, device=device)
     typed: dict = {}
+    as_strided = torch.as_strided
 
-    def view(geometry, base: int) -> torch.Tensor:
-        dt, size, stride, off = geometry
-        t = typed.get(dt)
-        if t is None:
-            t = typed[dt] = buf.view(dt)
-        return torch.as_strided(t, size, stride, base // dt.itemsize + off)
+    def views(geometries, base: int) -> list:
+        out = []
+        for dt, size, stride, off in geometries:
+            t = typed.get(dt)
+            if t is None:
+                t = typed[dt] = buf.view(dt)
+            out.append(as_strided(t, size, stride, base // dt.itemsize + off))
+        return out
 
     steps, recv_at = [], {}
     for i, st in enumerate(comp.steps):
         if st.code == "launch":
             base = arena.send.get(i, 0)
-            msgs = tuple((peer, buf[base + off:base + off + nb], tuple(view(g, base) for g, _ in pieces),
-                          tuple(bind(s) for _, s in pieces), alias)
+            msgs = tuple((peer, buf[base + off:base + off + nb], tuple(views([g for g, _ in pieces], base)),
+                          tuple([bind(s) for _, s in pieces]), alias)
                          for peer, off, nb, pieces, alias in st.msgs)
             recvs = []
             for j, (peer, (nb,), _) in enumerate(st.recvs):
@@ -161,10 +167,9 @@ def bind_arena(comp, arena: Arena, device: torch.device, bind) -> tuple:
             bases = recv_at[st.round]
             regions, dsts, srcs = [], [], []
             for (_, _, _, regs, pieces), base in zip(st.msgs, bases):
-                regions += [(space, view(g, base)) for space, g in regs]
-                for dst, g in pieces:
-                    dsts.append(bind(dst))
-                    srcs.append(view(g, base))
+                regions += zip([space for space, _ in regs], views([g for _, g in regs], base))
+                dsts += [bind(dst) for dst, _ in pieces]
+                srcs += views([g for _, g in pieces], base)
             steps.append(BoundWait("wait", st.n_ir, st.round, len(st.msgs), tuple(regions), dsts, srcs))
         else:
             steps.append(st)

@@ -29,6 +29,7 @@ regions) are laid out by ``dcp.execute.compile.message_layout``.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -220,20 +221,21 @@ def _make_call(tab, device: int, sp: _Spec, lay: DeviceLayout, in_q, in_kv, n_lo
     uq = sorted(qrow, key=qrow.get)
     q_lo = qrow[uq[0]]
     seg_cu, ptr, q_out_rows = [0], [0], []
-    cursor, n_seen = q_lo, 0
+    cursor, n_seen, tiles_of = q_lo, 0, Counter(q_tb.tolist())
+    tb_len = tab.tb_len_list
     for tb in uq:
-        r, n = qrow[tb], int(tab.tb_len[tb])
+        r, n = qrow[tb], tb_len[tb]
         if r > cursor:
             seg_cu.append(r - q_lo)
             ptr.append(n_seen)
-        n_seen += int((q_tb == tb).sum())
+        n_seen += tiles_of[tb]
         seg_cu.append(r + n - q_lo)
         ptr.append(n_seen)
         q_out_rows.append((tb, r - q_lo, r + n - q_lo))
         cursor = r + n
     q_hi = cursor
     kv_lo = min(krow.values())
-    kv_hi = max(r + int(tab.tb_len[tb]) for tb, r in krow.items())
+    kv_hi = max(r + tb_len[tb] for tb, r in krow.items())
     tile_mask_row, mask_ranges = mask_table(tab, device, t, q_tb)
     i32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
     table = table_cls(seg_cu=i32(seg_cu), seg_tile_ptr=i32(ptr), tile_k_start=i32(kr - kv_lo),
@@ -249,7 +251,7 @@ def _make_call(tab, device: int, sp: _Spec, lay: DeviceLayout, in_q, in_kv, n_lo
     kh = lambda h: (slice(tab.kv_lo[h] - tab.kv_lo[hb0], tab.kv_lo[h] - tab.kv_lo[hb0] + tab.kvb)  # noqa: E731
                     if multi else None)
     q_out = tuple((tb, h, a, b, qh(h)) for tb, a, b in q_out_rows for h in hbs)
-    kv_out = tuple((tb, h, r - kv_lo, r - kv_lo + int(tab.tb_len[tb]), kh(h))
+    kv_out = tuple((tb, h, r - kv_lo, r - kv_lo + tb_len[tb], kh(h))
                    for tb, r in sorted(krow.items(), key=lambda x: x[1]) for h in hbs)
     needs = []
     if q_src != HOME:

@@ -26,6 +26,8 @@ the views ``Spec`` names; those into the persistent slot buffers are bound to te
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import NamedTuple
 
 import torch
@@ -43,6 +45,7 @@ ROLES = {Kind.Q: ((3, "el"),), Kind.KV: ((3, "el"), (3, "el")), Kind.O: ((3, "pa
          Kind.QG: ((3, "el"), (3, "el"), (2, "stat"), (2, "stat")), Kind.DQ: ((3, "part"),),
          Kind.DKV: ((3, "part"), (3, "part"))}
 KV_SIDE = (Kind.KV, Kind.DKV)
+_O, _DQ, _DKV = Kind.O, Kind.DQ, Kind.DKV  # (an enum's class attribute is ten times slower to read than a global)
 RESULTS = {Kind.O: (("el", 0.0), ("stat", float("-inf"))), Kind.DQ: (("el", 0.0),),
            Kind.DKV: (("el", 0.0), ("el", 0.0))}
 
@@ -149,21 +152,25 @@ def message_layout(tab, units: tuple, dt: Dtypes) -> MessageLayout:
 
 def _message_layout(tab, units: tuple, roles: dict) -> MessageLayout:
     regions, where, off = [], [], 0
-    tb_len, d = tab.tb_len_list, tab.d
-    run, n, first = None, 0, 0
-    for kind, tb, hb in (*units, (None, 0, None)):  # a sentinel closes the last run
-        if (kind, hb) != run:
-            if run is not None:
-                h = tab.kvb if run[0] in KV_SIDE else tab.hqb
-                for dim, dtype, size in roles[run[0]]:
-                    regions.append((dim, dtype, (n, h, d) if dim == 3 else (h, n), off // size))
-                    off += -(-n * h * (d if dim == 3 else 1) * size // _ALIGN) * _ALIGN
-            run, n, first = (kind, hb), 0, len(regions)
-        m = tb_len[tb]
-        where.append((first, n, m))
-        n += m
-    where.pop()
+    tb_len, d, kvb, hqb = tab.tb_len_list, tab.d, tab.kvb, tab.hqb
+    for (kind, _), run in groupby(units, _KIND_HB):
+        n, first = 0, len(regions)
+        for u in run:
+            m = tb_len[u[1]]
+            where.append((first, n, m))
+            n += m
+        h = kvb if kind in KV_SIDE else hqb
+        for dim, dtype, size in roles[kind]:
+            if dim == 3:
+                regions.append((3, dtype, (n, h, d), off // size))
+                off += -(-n * h * d * size // _ALIGN) * _ALIGN
+            else:
+                regions.append((2, dtype, (h, n), off // size))
+                off += -(-n * h * size // _ALIGN) * _ALIGN
     return MessageLayout(off, tuple(regions), tuple(where))
+
+
+_KIND_HB = itemgetter(0, 2)  # a message's runs: consecutive units of one kind and head block
 
 
 def piece_geometry(region: tuple, a: int, m: int) -> tuple:
@@ -219,7 +226,7 @@ class _Compiler:
         self.dims: list[int] = []
         self.rows: list[int | None] = []
         self.version: list[int] = []
-        self.vids: dict = {}
+        self.vids: dict = {}            # (space, version, rows, heads) -> its Spec
         q_dims = (3,) if self.fwd else (3, 3, 2, 2)
         self.home_q = tuple(self._space(d, self.n_local) for d in q_dims)
         self.home_kv = tuple(self._space(3, self.n_local) for _ in range(2))
@@ -253,11 +260,10 @@ class _Compiler:
             key = (space, self.version[space], a, b)
         else:
             key = (space, self.version[space], a, b, heads.start, heads.stop)
-        vids = self.vids
-        vid = vids.get(key)
-        if vid is None:
-            vid = vids[key] = len(vids)
-        return _tuple_new(Spec, (space, a, b, heads, self.dims[space], vid))
+        got = self.vids.get(key)  # the view's Spec, numbered at its first use
+        if got is None:
+            got = self.vids[key] = _tuple_new(Spec, (space, a, b, heads, self.dims[space], len(self.vids)))
+        return got
 
     def _err(self, msg: str) -> ExecutionError:
         return ExecutionError(f"{self.direction} device {self.rank}: {msg}")
@@ -284,7 +290,7 @@ class _Compiler:
         return self._err(f"needs input {u.kind.name}[{u.tb},{u.hb}], which it neither holds nor received")
 
     def _home_key(self, u: Unit):
-        return (u.kind, u.tb, self.tab.kv_lo[u.hb]) if u.kind == Kind.DKV else u
+        return (u.kind, u.tb, self.tab.kv_lo[u.hb]) if u.kind == _DKV else u
 
     # -- inputs
     def _input(self, u: Unit) -> tuple:
@@ -394,14 +400,15 @@ class _Compiler:
 
     def _launch(self, op) -> Launch:
         msgs, total, dtypes = [], 0, {}
-        payload, spec, layout_of = self._payload, self._spec, self._layout
+        payload, spec, layout_of, in_q, in_kv, inp = self._payload, self._spec, self._layout, self.in_q, self.in_kv, \
+            self._input
         for peer, units in op.sends:
             layout = layout_of((self.direction, op.round, self.rank, peer), units)
             # pieces: runs of a region's units whose source rows are contiguous too (one copy each)
             last: dict = {}
             runs = []
             for (first, row, m), u in zip(layout.units, units):
-                for s, r, h in payload(u):
+                for s, r, h in (inp(u) if u[0] == in_q or u[0] == in_kv else payload(u)):
                     p = last.get(first)
                     if p is not None and p[1] == s and p[2] + p[4] == r and p[3] == h:
                         p[4] += m
@@ -411,10 +418,16 @@ class _Compiler:
                     first += 1
             pieces = []
             regions = layout.regions
-            for reg, (a, s, r, h, m) in runs:
-                dt, size, stride, off = piece_geometry(regions[reg], a, m)
+            for reg, (a, s, r, h, m) in runs:  # (piece_geometry, inlined: hundreds of pieces)
+                dim, dt, shape, off = regions[reg]
                 dtypes[dt] = None
-                pieces.append(((dt, size, stride, off + total // dt.itemsize), spec(s, r, r + m, h)))
+                if dim == 3:
+                    _, hh, d = shape
+                    g = (dt, (m, hh, d), (hh * d, d, 1), off + a * hh * d + total // dt.itemsize)
+                else:
+                    hh, n = shape
+                    g = (dt, (hh, m), (n, 1), off + a + total // dt.itemsize)
+                pieces.append((g, spec(s, r, r + m, h)))
             alias = None
             region = regions[0] if len(regions) == 1 else None
             # a message of one tensor nobody writes any more (home input, sent partial) may go as it is
@@ -513,17 +526,17 @@ class _Compiler:
             nq, nk = c.q_hi - c.q_lo, c.kv_hi - c.kv_lo
             if self.fwd:
                 outs = (self._space(3, nq), self._space(2, nq))
-                if not (c.q_home_full and self._adopt(Kind.O, outs)):
+                if not (c.q_home_full and self._adopt(_O, outs)):
                     for tb, hb, a, b, hs in c.q_out:
-                        self._acc_add(Unit(Kind.O, tb, hb), ((outs[0], a, hs), (outs[1], a, hs)), b - a, merges)
+                        self._acc_add(Unit(_O, tb, hb), ((outs[0], a, hs), (outs[1], a, hs)), b - a, merges)
             else:
                 outs = (self._space(3, nq), self._space(3, nk), self._space(3, nk))
-                if not (c.q_home_full and self._adopt(Kind.DQ, outs[:1])):
+                if not (c.q_home_full and self._adopt(_DQ, outs[:1])):
                     for tb, hb, a, b, hs in c.q_out:
-                        self._acc_add(Unit(Kind.DQ, tb, hb), ((outs[0], a, hs),), b - a, merges)
-                if not (c.kv_home_full and self._adopt(Kind.DKV, outs[1:])):
+                        self._acc_add(Unit(_DQ, tb, hb), ((outs[0], a, hs),), b - a, merges)
+                if not (c.kv_home_full and self._adopt(_DKV, outs[1:])):
                     for tb, hb, a, b, hs in c.kv_out:
-                        self._acc_add(Unit(Kind.DKV, tb, hb), ((outs[1], a, hs), (outs[2], a, hs)), b - a, merges)
+                        self._acc_add(Unit(_DKV, tb, hb), ((outs[1], a, hs), (outs[2], a, hs)), b - a, merges)
             calls.append((qs, kvs, c.table, outs))
         return Compute("compute", 1, tuple(calls), merges.build(self))
 
@@ -577,7 +590,7 @@ class _Merges:
     def add(self, kind: Kind, key, dst: tuple, src: tuple, n: int) -> None:
         for s, _, _ in dst:
             self.widen.setdefault(s, None)
-        if kind == Kind.O:
+        if kind == _O:
             self.o.append([*dst, *src, n])
             return
         layer = self.key_layer.get(key, -1) + 1

@@ -191,19 +191,31 @@ def batch_views(specs) -> ViewBatch:
     """The ``ViewBatch`` of ``specs`` (``Spec`` or bound tensors), in their order."""
     ranges: dict = {}
     for s in specs:
-        if s.__class__ is Spec and s.a is not None and s.heads is None and s.b > s.a:
-            ranges.setdefault((s.space, s.dim), set()).add((s.a, s.b))
+        if s.__class__ is Spec:
+            space, a, b, heads, dim, _ = s
+            if a is not None and heads is None and b > a:
+                rr = ranges.get((space, dim))
+                if rr is None:
+                    ranges[space, dim] = {(a, b)}
+                else:
+                    rr.add((a, b))
     groups, where = [], {}
     for (space, dim), rr in ranges.items():
+        if len(rr) < 2:
+            continue  # one view (as cheap alone)
         rr = sorted(rr)
-        if len(rr) < 2 or any(b > a2 for (_, b), (a2, _) in zip(rr, rr[1:])):
-            continue  # one view (as cheap alone), or overlapping ranges (no partition has both)
+        if any(b > a2 for (_, b), (a2, _) in zip(rr, rr[1:])):
+            continue  # overlapping ranges (no partition has both)
         cuts = sorted({x for r in rr for x in r})
+        part = {x: i + 1 for i, x in enumerate(cuts)}
         g = len(groups)
         groups.append((space, 0 if dim == 3 else 1, tuple(cuts)))
-        where.update({(space, dim, a, b): (g, cuts.index(a) + 1) for a, b in rr})
-    picks = tuple(where.get((s.space, s.dim, s.a, s.b), (-1, s)) if s.__class__ is Spec and s.heads is None
-                  and s.a is not None else (-1, s) for s in specs)
+        for a, b in rr:
+            where[space, dim, a, b] = (g, part[a])
+    if not where:
+        return ViewBatch((), tuple([(-1, s) for s in specs]))
+    picks = tuple([where.get((s[0], s[4], s[1], s[2]), (-1, s)) if s.__class__ is Spec and s[3] is None
+                   and s[1] is not None else (-1, s) for s in specs])
     return ViewBatch(tuple(groups), picks)
 
 
@@ -219,7 +231,7 @@ def _bind(st, fn):
     """Compute step ``st`` with the ``Spec`` of every view that may name a slot buffer replaced by ``fn(spec)``
     (Launch and Wait steps are bound by ``dcp.execute.arena.bind_arena``)."""
     if st.code == "compute":
-        return st._replace(calls=tuple((tuple(fn(s) for s in qs), tuple(fn(s) for s in kvs), table, outs)
+        return st._replace(calls=tuple((tuple([fn(s) for s in qs]), tuple([fn(s) for s in kvs]), table, outs)
                                        for qs, kvs, table, outs in st.calls), merges=_batch_merges(st.merges))
     if st.code == "reduce":
         return st._replace(merges=_batch_merges(st.merges))
