@@ -351,3 +351,35 @@ def test_resized_and_earlier_choices_are_simulated_wherever_they_rank():
     last = ranked[-1]
     got, _ = pick(ranked, budget, spec, cluster, A100, simulate_top=2, keep=(last,))
     assert sims[id(got)] <= min(sims[id(ranked[0])], sims[id(last)]) * (1 + 1e-12)
+
+
+def test_widening_schedules_each_directions_fastest(monkeypatch):
+    """A placement whose own schedule is slow in one direction but the fastest in the other is rescheduled at
+    every stage count even when ``WIDEN_TOP`` others are estimated faster overall (Magi's dynamic solver's
+    placement, slow forward at its own overlap degree, won H100 shared-question batches once dcp scheduled
+    its forward); over the token budget, not while others fit."""
+    from types import SimpleNamespace
+
+    import dcp.planner.dcp_planner as planner_mod
+    from dcp.planner.budget import MemoryBudget
+
+    def fake(label, fwd, bwd, max_tokens=100):
+        return SimpleNamespace(label=label, forward_s=fwd, backward_s=bwd, max_tokens=max_tokens,
+                               tiles=SimpleNamespace(n_tiles=10), stages=(4, 4),
+                               step_s=lambda token_time_s, t=fwd + bwd: t)
+
+    widened = []
+
+    def record(cand, *args):
+        widened.append(cand.label)
+        return cand  # same stages: nothing is added
+
+    monkeypatch.setattr(planner_mod, "widen", record)
+    top = [fake(f"warm(w{i})", 1.0, 2.0 + i / 10) for i in range(planner_mod.WIDEN_TOP)]
+    slow_fwd = fake("warm(fast_bwd)", 1.5, 1.9)     # 3.4: last overall, fastest backward
+    slow_bwd = fake("warm(fast_fwd)", 0.5, 3.0)     # 3.5: fastest forward
+    over = fake("warm(over)", 0.1, 0.1, max_tokens=1000)
+    planner = dcp.DCPPlanner(dcp.PlannerConfig(**FAST))
+    out = planner._widen(None, None, [*top, slow_fwd, slow_bwd, over], MemoryBudget(100, None), {})
+    assert set(widened) == {c.label for c in top} | {"warm(fast_bwd)", "warm(fast_fwd)"}
+    assert len(out) == len(top) + 3  # (over the budget, though fastest both ways: not widened)

@@ -187,9 +187,9 @@ class DCPPlanner(Planner):
 
     def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget,
                packings: dict) -> list[Candidate]:
-        """The candidates plus the ``WIDEN_TOP`` estimated fastest and the fastest packing (of those within the
-        token budget) scheduled at every stage count of the search ("<label>/staged"; ``packings`` learns their
-        labels)."""
+        """The candidates plus the ``WIDEN_TOP`` estimated fastest, each direction's fastest and the fastest
+        packing (of those within the token budget) scheduled at every stage count of the search
+        ("<label>/staged"; ``packings`` learns their labels)."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
@@ -199,6 +199,10 @@ class DCPPlanner(Planner):
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
         top = ranked[:WIDEN_TOP]
+        # and each direction's fastest: a placement whose own schedule is slow in the other direction may
+        # still be the fastest once dcp schedules that direction too
+        if ranked:
+            top += [min(ranked, key=lambda i: cands[i].forward_s), min(ranked, key=lambda i: cands[i].backward_s)]
         # the fastest packing too: warm starts can fill the top few, and a packing is what the block-size
         # rebuild (``_resize``) then starts from
         top += [i for i in ranked if cands[i].label in packings and packings[cands[i].label][2] is not None][:1]
