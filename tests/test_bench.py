@@ -141,3 +141,54 @@ def test_scale_benchmark_script_runs_at_tiny_sizes(tmp_path):
     for r in rows:
         assert r["status"] == "ok" and r["roundtrip_exact"] == "True" and r["machine"], r
         assert float(r["plan_s"]) > 0 and float(r["peak_rss_gib"]) > 0 and float(r["sim_bac_ms"]) > 0
+
+
+def test_same_memory_answers_a_faster_tuned_opponent_over_budget():
+    """A best tuned baseline that beats dcp only by holding more tokens per device than dcp's budget gets a
+    ``dcp_same_memory`` row (dcp planned at that opponent's memory imbalance), and the summary compares
+    the two in that batch; an opponent within the budget, or slower, gets none."""
+    import dcp
+    from dcp.bench.common import dcp_config
+    from dcp.cost import CostModel
+
+    spec = dcp.BatchSpec([3000, 1200, 700, 400, 200], dcp.masks.CausalMask(), 8, 2, 64)
+    cluster = dcp.Cluster(1, 4)
+    config = dcp_config("a100", DcpOptions(partitioner="greedy", block_size=256))
+    cell = dict(dataset="x", scale=1.0, mask="causal", batch=0, num_seqs=5)
+    base = dict(cell, memory_imbalance=1.05, planning_time_s=0.0, profile="a100", machine="m",
+                comm_bytes_inter_node=0, chosen="c")
+    dcp_row = dict(base, planner="dcp", fwd_ms=2.0, bwd_ms=4.0, memory_imbalance=1.1)
+    rows = [dict(base, planner="zigzag", fwd_ms=3.0, bwd_ms=6.0), dcp_row,
+            dict(base, planner=micro.TUNED, fwd_ms=1.5, bwd_ms=3.5, memory_imbalance=1.6)]
+    common = dict(simulated=True, profile="a100", machine="m", revision="r")
+    cost = CostModel.named("a100")
+    got = micro.same_memory_rows(dcp_row, [rows[0], rows[2]], cell, spec, cluster, config, cost, common)
+    assert len(got) == 1 and got[0]["opponent"] == micro.TUNED and got[0]["planner"] == micro.SAME_MEMORY
+    assert "epsilon_memory=0.6000" in got[0]["candidates"] and got[0]["memory_imbalance"] <= 1.6 + 1e-9
+    summary = micro.summarize(rows + got)[0]
+    assert summary["dcp_same_memory_opponents"] == micro.TUNED and summary["dcp_same_memory_batches"] == 1
+    assert summary["dcp_same_memory_fwd_speedup"] == round(1.5 / got[0]["fwd_ms"], 3)
+    within = [*rows[:2], dict(rows[2], memory_imbalance=1.08)]
+    assert micro.same_memory_rows(dcp_row, [within[0], within[2]], cell, spec, cluster, config, cost, common) == []
+    slower = [*rows[:2], dict(rows[2], fwd_ms=2.5)]
+    assert micro.same_memory_rows(dcp_row, [slower[0], slower[2]], cell, spec, cluster, config, cost, common) == []
+
+
+def test_megatron_summary_compares_same_memory_dcp_with_its_opponent():
+    def row(planner, fwd, bwd, batch, mem=1.05, **kw):
+        return dict(workload="megatron_mock", nodes=1, gpus_per_node=4, batch=batch, num_seqs=9, profile="a100",
+                    planner=planner, chosen=planner, fwd_ms=fwd, bwd_ms=bwd, comm_bytes_inter_node=0,
+                    memory_imbalance=mem, peak_buffer_fwd_MiB=1.0, peak_buffer_bwd_MiB=1.0, machine="m", **kw)
+
+    rows = [row("megatron_dyncp", 2.0, 4.0, 0), row("best_tuned", 1.0, 2.0, 0, mem=1.7), row("dcp", 1.2, 2.4, 0),
+            row(megatron_mock.SAME_MEMORY, 0.9, 1.5, 0, mem=1.6, opponent="best_tuned"),
+            row("megatron_dyncp", 2.0, 4.0, 1), row("best_tuned", 1.5, 3.0, 1), row("dcp", 1.2, 2.4, 1)]
+    (summary,) = megatron_mock.summarize(rows)
+    assert summary["dcp_same_memory_batches"] == 1 and summary["dcp_same_memory_opponents"] == "best_tuned"
+    assert summary["dcp_same_memory_speedup_iter"] == round(3.0 / 2.4, 3)
+    assert summary["dcp_same_memory_memory_imbalance"] == 1.6
+    assert summary["dcp_speedup_iter_vs_best_tuned"] == round(mean([3.0, 4.5]) / 3.6, 3)  # same-memory rows aside
+
+
+def mean(xs):
+    return sum(xs) / len(xs)

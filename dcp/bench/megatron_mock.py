@@ -14,6 +14,10 @@ static baseline at its best knobs, the fastest: ``dcp.bench.tuned``); ``dcp`` (`
 profile; flags override it for ablations); ``dcp_auto`` (dcp's plan plus zigzag and megatron_dyncp as
 candidates, by simulated time). CSV: ``megatron_mock.csv`` (one row per plan)
 and ``megatron_mock_summary.csv`` (per cluster and profile: mean times and megatron_dyncp / dcp ratios).
+``dcp_same_memory`` rows: where an opponent (megatron_dyncp at default or tuned knobs, the best tuned
+baseline) beats dcp while holding more tokens per device than dcp's memory budget, dcp planned again with
+that opponent's memory imbalance (as in ``dcp bench micro``); the summary's ``dcp_same_memory_speedup_iter``
+is that opponent's time over dcp's at the same memory, in those batches.
 The target set for dcp is >= 1.2x megatron_dyncp on forward + backward at >= 16 GPUs, >= 1.0 everywhere.
 """
 from __future__ import annotations
@@ -29,6 +33,9 @@ from dcp.bench.common import (BASELINE_NAMES, DEFAULT_OUT, CachedAutoPlanner, Dc
 from dcp.cluster import Cluster
 
 CLUSTERS = ((1, 4), (1, 8), (2, 8), (4, 8), (8, 8))
+#: the rows a ``dcp_same_memory`` row answers (``dcp.bench.micro.same_memory_rows``)
+OPPONENTS = ("megatron_dyncp", "megatron_tuned", "best_tuned")
+SAME_MEMORY = "dcp_same_memory"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +56,7 @@ class MegatronMockConfig:
 
 def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
     from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
+    from dcp.bench.micro import same_memory_rows
     from dcp.bench.tuned import tune, tuned_row
     from dcp.cost import CostModel
     from dcp.data import make_batches
@@ -82,6 +90,7 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
         for profile in cfg.profiles:
             cost = costs[profile]
             common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+            first = len(rows)  # this batch's rows under this profile
             plan, warns = base["megatron_dyncp"]
             fwd, bwd = mega_sims[profile]
             rows.append(dict(cell, planner="megatron_dyncp", chosen="megatron_dyncp", block_size="",
@@ -101,6 +110,9 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
                              block_size=config.block_size, planning_time_s=round(plan.planning_time_s, 4),
                              **sim_fields(fwd, bwd), **stat_fields(plan),
                              candidates=plan.meta.get("search_candidates", ""), warnings=len(warns), **common))
+            # an opponent faster only by holding more tokens per device: dcp given the same memory
+            rows.extend(same_memory_rows(rows[-1], [r for r in rows[first:] if r["planner"] in OPPONENTS], cell, spec,
+                                         cluster, config, cost, common))
             cache = {(k, id(spec), id(cluster)): v[0] for k, v in base.items()}
             cache[(f"dcp@B{config.block_size}", id(spec), id(cluster))] = plan
             auto = CachedAutoPlanner(config, block_sizes=(config.block_size,), baselines=(ZigzagPlanner(), mega),
@@ -155,6 +167,14 @@ def summarize(rows: list[dict]) -> list[dict]:
         for ref in ("megatron_tuned", "best_tuned"):
             if ref in t:
                 row[f"{ref}_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == ref)
+        same = [r for r in sel if r["planner"] == SAME_MEMORY]
+        if same:  # in the batches where an over-budget opponent beat dcp: that opponent / dcp at its memory
+            theirs = [next(o for o in sel if o["batch"] == r["batch"] and o["planner"] == r["opponent"]) for r in same]
+            row["dcp_same_memory_batches"] = len(same)
+            row["dcp_same_memory_opponents"] = ";".join(r["opponent"] for r in same)
+            row["dcp_same_memory_speedup_iter"] = round(sum(o["fwd_ms"] + o["bwd_ms"] for o in theirs)
+                                                        / sum(r["fwd_ms"] + r["bwd_ms"] for r in same), 3)
+            row["dcp_same_memory_memory_imbalance"] = round(max(float(r["memory_imbalance"]) for r in same), 3)
         row["machine"] = sel[0]["machine"]
         out.append(row)
     return out
@@ -191,7 +211,8 @@ def cmd_megatron(args) -> int:
     print("\nSIMULATED attention (fwd+bwd of one layer): megatron_dyncp time / dcp time (> 1: dcp faster)")
     cols = ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
             "dcp_speedup_iter_vs_megatron_tuned", "dcp_speedup_iter_vs_best_tuned", "megatron_tuned_chosen",
-            "best_tuned_chosen", "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_chosen"]
-    print(fmt_table(summary, [c for c in cols if c in summary[0]]))
+            "best_tuned_chosen", "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_chosen",
+            "dcp_same_memory_speedup_iter", "dcp_same_memory_opponents"]
+    print(fmt_table(summary, [c for c in cols if any(c in r for r in summary)]))
     print(f"\nmegatron mock: {time.perf_counter() - started:.0f} s on {machine()}")
     return 0

@@ -14,9 +14,11 @@ causal_blockwise} x planners on 4 nodes x 8 GPUs, 131,072-token batches, 8 query
 - the static baselines ring, zigzag, te_a2a_p2p, loongtrain (default degrees), megatron_dyncp.
 - ``dcp_same_memory``: dcp given the memory a faster over-budget baseline holds. dcp keeps every device
   within ``(1 + epsilon_memory) x`` the mean resident tokens (default 1.1); a baseline that holds more
-  (megatron_dyncp: 1.5-2x) may be faster only because of that memory. Whenever the fastest baseline's
-  memory imbalance exceeds dcp's budget, dcp is planned again with ``epsilon_memory`` = that imbalance - 1
-  and reported beside it (dcp's default budget is never loosened in the ``dcp`` rows).
+  (megatron_dyncp: 1.5-2x) may be faster only because of that memory. Whenever the fastest baseline of a
+  batch (at default knobs, or the best tuned one) beats dcp while holding more than dcp's budget, dcp is
+  planned again with ``epsilon_memory`` = that imbalance - 1 and reported beside it (column ``opponent``;
+  the summary's ``dcp_same_memory_{fwd,bwd}_speedup`` is against that opponent in those batches; dcp's
+  default budget is never loosened in the ``dcp`` rows).
 
 Per (cell, batch, planner, profile) one CSV row: simulated forward/backward ms, ideal ms, communication
 bytes (total, inter-node), compute/memory imbalance, planning time (measured wall-clock on this machine,
@@ -175,8 +177,11 @@ def _cell_rows(cfg: MicroConfig, dataset: str, scale: float, mask_name: str, bi:
                                       **stat_fields(dcp_plan), candidates=dcp_plan.meta.get("search_candidates", ""),
                                       warnings=len(dcp_warns), **common))
         if "dcp" in cfg.planners:
-            rows[profile].extend(_same_memory_rows(rows[profile][-1], rows[profile], cell, spec, cluster, config,
-                                                   cost, common))
+            opponents = [r for r in rows[profile] if r["batch"] == cell["batch"] and r["dataset"] == cell["dataset"]
+                         and r["scale"] == cell["scale"] and r["mask"] == cell["mask"]
+                         and (r["planner"] in BASELINE_NAMES or r["planner"] == TUNED)]
+            rows[profile].extend(same_memory_rows(rows[profile][-1], opponents, cell, spec, cluster, config, cost,
+                                                  common))
         if want_auto:
             cache = {(f"dcp@B{config.block_size}", id(spec), id(cluster)): dcp_plan}
             for name in auto_bases:
@@ -198,18 +203,17 @@ def _cell_rows(cfg: MicroConfig, dataset: str, scale: float, mask_name: str, bi:
     return rows
 
 
-def _same_memory_rows(dcp_row: dict, rows: list[dict], cell: dict, spec, cluster, config, cost, common) -> list[dict]:
-    """A ``dcp_same_memory`` row when the fastest baseline of this batch (forward + backward) beats dcp while
-    holding more resident tokens than dcp's budget: dcp planned with that baseline's memory imbalance."""
+def same_memory_rows(dcp_row: dict, opponents: list[dict], cell: dict, spec, cluster, config, cost,
+                     common) -> list[dict]:
+    """A ``dcp_same_memory`` row when the fastest of ``opponents`` (this batch's baseline rows: at default knobs,
+    the best tuned one) beats dcp while holding more resident tokens than dcp's budget: dcp planned with that
+    baseline's memory imbalance (``opponent`` names it)."""
     from dcp.planner.dcp_planner import DCPPlanner
     from dcp.sim import simulate_both
 
-    key = tuple(cell[k] for k in ("dataset", "scale", "mask", "batch"))
-    mine = [r for r in rows if tuple(r[k] for k in ("dataset", "scale", "mask", "batch")) == key
-            and r["planner"] in BASELINE_NAMES]
-    if not mine:
+    if not opponents:
         return []
-    best = min(mine, key=lambda r: r["fwd_ms"] + r["bwd_ms"])
+    best = min(opponents, key=lambda r: r["fwd_ms"] + r["bwd_ms"])
     if best["fwd_ms"] + best["bwd_ms"] >= dcp_row["fwd_ms"] + dcp_row["bwd_ms"] or \
             best["memory_imbalance"] <= 1 + config.epsilon_memory + 1e-9:
         return []
@@ -219,7 +223,7 @@ def _same_memory_rows(dcp_row: dict, rows: list[dict], cell: dict, spec, cluster
     return [dict(cell, planner=SAME_MEMORY, chosen=plan.meta.get("search_chosen", "dcp"), block_size=same.block_size,
                  planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd), **stat_fields(plan),
                  candidates=f"epsilon_memory={same.epsilon_memory:.4f} ({best['planner']}'s memory)",
-                 warnings=len(warns), **common)]
+                 warnings=len(warns), opponent=best["planner"], **common)]
 
 
 def summarize(rows: list[dict], planners=(*PLANNER_NAMES, TUNED)) -> list[dict]:
@@ -269,15 +273,17 @@ def summarize(rows: list[dict], planners=(*PLANNER_NAMES, TUNED)) -> list[dict]:
             row["best_tuned_fwd_ms"] = round(t[(TUNED, "fwd")], 4)
             row["best_tuned_bwd_ms"] = round(t[(TUNED, "bwd")], 4)
             row["best_tuned_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == TUNED)
-        for d in ("fwd", "bwd"):  # dcp given the over-budget best baseline's memory, where it was planned
-            same = [r for r in sel if r["planner"] == SAME_MEMORY]
-            best = row[f"best_baseline_{d}"]
-            if same and best:
-                batches = {r["batch"] for r in same}
-                mine = mean(r[f"{d}_ms"] for r in same)
-                theirs = mean(r[f"{d}_ms"] for r in sel if r["planner"] == best and r["batch"] in batches)
-                row[f"dcp_same_memory_{d}_speedup"] = round(theirs / mine, 3)
-                row["dcp_same_memory_batches"] = len(batches)
+        same = [r for r in sel if r["planner"] == SAME_MEMORY]
+        for d in ("fwd", "bwd"):  # dcp given the memory of the faster over-budget baseline it lost to, per batch
+            if not same:
+                continue
+            # (CSVs before the ``opponent`` column: the cell's best baseline at default knobs)
+            opp = {r["batch"]: r.get("opponent") or row[f"best_baseline_{d}"] for r in same}
+            theirs = [r[f"{d}_ms"] for r in sel if r["batch"] in opp and r["planner"] == opp[r["batch"]]]
+            if len(theirs) == len(same):
+                row[f"dcp_same_memory_{d}_speedup"] = round(mean(theirs) / mean(r[f"{d}_ms"] for r in same), 3)
+                row["dcp_same_memory_batches"] = len(same)
+                row["dcp_same_memory_opponents"] = ";".join(str(opp[r["batch"]]) for r in same)
         for p in names:
             row[f"{p}_memory_imbalance"] = round(mem[p], 3)
         for p in names:
