@@ -91,26 +91,33 @@ def test_nothing_to_polish_without_alternatives(monkeypatch):
     assert polish(search.best, search.cands, spec, cluster, A100, search.budget) is search.best
 
 
-def test_pinned_dcp_beats_the_warm_start_it_chose():
-    """Micro grid, LDC x1 causal, batch 2, A100, 4 x 8: dcp starts from Magi's placement at 6 chunks per rank
-    and its estimate picks schedules that simulate 1.2 % slower than Magi's own plan; polished, dcp's plan
-    is faster than Magi's."""
-    from dcp.baselines import MagiPlanner
+def _micro_batch_vs(dataset: str, scale: float, mask: str, batch: int, profile: str, opponent):
+    """A micro-grid batch (131,072 tokens, 4 x 8, 8/2 heads, D 128, bf16): dcp's default plan for ``profile``,
+    and (dcp's plan, its simulated fwd+bwd s, ``opponent``'s)."""
     from dcp.bench.common import DcpOptions, dcp_config
     from dcp.bench.micro import make_mask
     from dcp.data import make_batches
     from dcp.sim import simulate_both
 
-    lens = make_batches("ldc", 1.0, tokens_per_batch=131072, num_batches=3, seed=0)[2]
-    spec = dcp.BatchSpec(lens, make_mask("causal"), 8, 2, 128, "bfloat16")
+    cost = CostModel.named(profile)
+    lens = make_batches(dataset, scale, tokens_per_batch=131072, num_batches=3, seed=0)[batch]
+    spec = dcp.BatchSpec(lens, make_mask(mask), 8, 2, 128, "bfloat16")
     cluster = dcp.Cluster(4, 8)
-    plan = dcp.plan(spec, cluster, dcp_config("a100", DcpOptions()), progress=False)
-    magi = MagiPlanner(None, 4, True, 6).plan(spec, cluster)
-    dcp_ms = sum(r.makespan_s for r in simulate_both(plan, A100, record_events=False))
-    magi_ms = sum(r.makespan_s for r in simulate_both(magi, A100, record_events=False))
+    plan = dcp.plan(spec, cluster, dcp_config(profile, DcpOptions()), progress=False)
+    sim = lambda p: sum(r.makespan_s for r in simulate_both(p, cost, record_events=False))  # noqa: E731
+    return plan, sim(plan), sim(opponent.plan(spec, cluster))
+
+
+def test_pinned_dcp_beats_the_warm_start_it_chose():
+    """Micro grid, LDC x1 causal, batch 2, A100, 4 x 8: dcp starts from Magi's placement at 6 chunks per rank
+    and its estimate picks schedules that simulate 1.2 % slower than Magi's own plan; polished, dcp's plan
+    is faster than Magi's."""
+    from dcp.baselines import MagiPlanner
+
+    plan, dcp_s, magi_s = _micro_batch_vs("ldc", 1.0, "causal", 2, "a100", MagiPlanner(None, 4, True, 6))
     assert plan.meta["search_chosen"].startswith("warm(magi(degree=4 hierarchical=True chunks_per_rank=6))")
     assert plan.meta["search_chosen"].endswith("/sim")
-    assert dcp_ms < magi_ms
+    assert dcp_s < magi_s
 
 
 @pytest.mark.parametrize("objective", ["bytes"])
@@ -126,20 +133,8 @@ def test_pinned_dcp_beats_magi_at_two_chunks_per_rank():
     without deduplication (degree 3, its best tuned point, within dcp's memory budget) beat dcp by 3.7 %
     before that placement joined the warm starts; dcp starts from it and is faster."""
     from dcp.baselines import MagiPlanner
-    from dcp.bench.common import DcpOptions, dcp_config
-    from dcp.bench.micro import make_mask
-    from dcp.cost import CostModel
-    from dcp.data import make_batches
-    from dcp.sim import simulate_both
 
-    h100 = CostModel.named("h100")
-    lens = make_batches("ldc", 4.0, tokens_per_batch=131072, num_batches=3, seed=0)[1]
-    spec = dcp.BatchSpec(lens, make_mask("shared_question"), 8, 2, 128, "bfloat16")
-    cluster = dcp.Cluster(4, 8)
-    plan = dcp.plan(spec, cluster, dcp_config("h100", DcpOptions()), progress=False)
-    magi = MagiPlanner(None, 3, False, 2).plan(spec, cluster)
-    dcp_ms = sum(r.makespan_s for r in simulate_both(plan, h100, record_events=False))
-    magi_ms = sum(r.makespan_s for r in simulate_both(magi, h100, record_events=False))
+    plan, dcp_s, magi_s = _micro_batch_vs("ldc", 4.0, "shared_question", 1, "h100", MagiPlanner(None, 3, False, 2))
     assert plan.meta["search_chosen"].startswith("warm(magi(degree=4 chunks_per_rank=2))")
     assert plan.stats().memory_imbalance <= 1.1 + 1e-9
-    assert dcp_ms < magi_ms
+    assert dcp_s < magi_s
