@@ -354,10 +354,10 @@ def test_resized_and_earlier_choices_are_simulated_wherever_they_rank():
 
 
 def test_widening_schedules_each_directions_fastest(monkeypatch):
-    """A placement whose own schedule is slow in one direction but the fastest in the other is rescheduled at
-    every stage count even when ``WIDEN_TOP`` others are estimated faster overall (Magi's dynamic solver's
-    placement, slow forward at its own overlap degree, won H100 shared-question batches once dcp scheduled
-    its forward); over the token budget, not while others fit."""
+    """Placements whose own schedule is slow in one direction but among the ``WIDEN_PER_DIRECTION`` fastest in
+    the other are rescheduled at every stage count even when ``WIDEN_TOP`` others are estimated faster overall
+    (Magi's dynamic solver's placement, slow forward at its own overlap degree, won H100 shared-question
+    batches once dcp scheduled its forward); over the token budget, not while others fit."""
     from types import SimpleNamespace
 
     import dcp.planner.dcp_planner as planner_mod
@@ -375,11 +375,13 @@ def test_widening_schedules_each_directions_fastest(monkeypatch):
         return cand  # same stages: nothing is added
 
     monkeypatch.setattr(planner_mod, "widen", record)
+    k = planner_mod.WIDEN_PER_DIRECTION
     top = [fake(f"warm(w{i})", 1.0, 2.0 + i / 10) for i in range(planner_mod.WIDEN_TOP)]
-    slow_fwd = fake("warm(fast_bwd)", 1.5, 1.9)     # 3.4: last overall, fastest backward
-    slow_bwd = fake("warm(fast_fwd)", 0.5, 3.0)     # 3.5: fastest forward
+    fast_bwd = [fake(f"warm(b{i})", 1.5 + i, 1.9 - i / 100) for i in range(k)]   # slower overall than every top
+    fast_fwd = [fake(f"warm(f{i})", 0.5 + i / 100, 3.0 + i) for i in range(k)]
+    late = [fake("warm(next_bwd)", 9.0, 1.95), fake("warm(next_fwd)", 0.9, 9.0)]  # each direction's (k+1)-th
     over = fake("warm(over)", 0.1, 0.1, max_tokens=1000)
     planner = dcp.DCPPlanner(dcp.PlannerConfig(**FAST))
-    out = planner._widen(None, None, [*top, slow_fwd, slow_bwd, over], MemoryBudget(100, None), {})
-    assert set(widened) == {c.label for c in top} | {"warm(fast_bwd)", "warm(fast_fwd)"}
-    assert len(out) == len(top) + 3  # (over the budget, though fastest both ways: not widened)
+    out = planner._widen(None, None, [*top, *fast_bwd, *fast_fwd, *late, over], MemoryBudget(100, None), {})
+    assert set(widened) == {c.label for c in (*top, *fast_bwd, *fast_fwd)}
+    assert len(out) == len(top) + 2 * k + 3  # (over the budget, though fastest both ways: not widened)

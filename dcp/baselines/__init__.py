@@ -34,12 +34,13 @@ def default_warm_planners() -> tuple:
     the mean tokens within a chunk, inside dcp's memory budget, where fixed chunk sizes may leave a rank up
     to a chunk over it), with inter-node deduplication, and at chunks of 1024 and 2048 tokens (often within
     the budget too, and then often the better placement); dcp estimates each at every overlap degree of
-    ``VARIANT_DEGREES`` per direction (``MagiPlanner.schedule_variants``). And three points of Magi's dynamic
+    ``VARIANT_DEGREES`` per direction (``MagiPlanner.schedule_variants``). And four points of Magi's dynamic
     solver: at 2048-token chunks and a FLOPs cap of 1.2x the mean (with the executor's host time charged,
     ``GPUProfile.host_*``, that coarser, less communicating placement, with fewer messages and kernel calls,
     wins H100 causal batches) and at 1024-token chunks and 1.05x (the finer, better balanced one, which
-    Magi's tuned solver beat dcp with on short-sequence and shared-question batches), and at its defaults
-    (``total / 8P``-token chunks, 1.1x: finer still, which won H100 LongAlign x4 lambda batches). Magi's
+    Magi's tuned solver beat dcp with on short-sequence and shared-question batches), at its defaults
+    (``total / 8P``-token chunks, 1.1x: finer still, which won H100 LongAlign x4 lambda batches) and at
+    2048-token chunks and 1.05x (H100 causal batches). Magi's
     static dispatch at 2 chunks per rank without deduplication (the tuned point that beat dcp on H100
     LDC x4 shared-question batches). TE's a2a+p2p over the
     node and over half of it (``TEA2AP2PPlanner.warm_points``). Megatron's static
@@ -53,7 +54,7 @@ def default_warm_planners() -> tuple:
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
             LoongTrainPlanner(shards=False), MegatronCPPlanner(), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(),
             *magi, MagiDynamicPlanner(2048, 4, 1.2), MagiDynamicPlanner(1024, 4, 1.05), MagiDynamicPlanner(None, 4),
-            MagiPlanner(None, 4, False, 2))
+            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05))
 
 
 __all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronCPPlanner",

@@ -187,9 +187,9 @@ class DCPPlanner(Planner):
 
     def _widen(self, spec: BatchSpec, cluster: Cluster, cands: list[Candidate], budget: MemoryBudget,
                packings: dict) -> list[Candidate]:
-        """The candidates plus the ``WIDEN_TOP`` estimated fastest, each direction's fastest and the fastest
-        packing (of those within the token budget) scheduled at every stage count of the search
-        ("<label>/staged"; ``packings`` learns their labels)."""
+        """The candidates plus the ``WIDEN_TOP`` estimated fastest, each direction's ``WIDEN_PER_DIRECTION``
+        fastest and the fastest packing (of those within the token budget) scheduled at every stage count of
+        the search ("<label>/staged"; ``packings`` learns their labels)."""
         cfg = self.config
         if cfg.search.objective != "time" or len(cfg.search.stage_counts) <= 2:
             return cands
@@ -199,10 +199,11 @@ class DCPPlanner(Planner):
                         key=lambda i: cands[i].step_s(cfg.search.token_time_s))
         out = list(cands)
         top = ranked[:WIDEN_TOP]
-        # and each direction's fastest: a placement whose own schedule is slow in the other direction may
-        # still be the fastest once dcp schedules that direction too
-        if ranked:
-            top += [min(ranked, key=lambda i: cands[i].forward_s), min(ranked, key=lambda i: cands[i].backward_s)]
+        # and each direction's fastest few: a placement whose own schedule is slow in the other direction may
+        # still be the fastest once dcp schedules that direction too (and one alone is easily displaced by a
+        # new warm start)
+        top += sorted(ranked, key=lambda i: cands[i].forward_s)[:WIDEN_PER_DIRECTION]
+        top += sorted(ranked, key=lambda i: cands[i].backward_s)[:WIDEN_PER_DIRECTION]
         # the fastest packing too: warm starts can fill the top few, and a packing is what the block-size
         # rebuild (``_resize``) then starts from
         top += [i for i in ranked if cands[i].label in packings and packings[cands[i].label][2] is not None][:1]
@@ -370,6 +371,8 @@ WIDEN_MAX_TILES = 65536
 #: Megatron's static CP (ranked first at its own schedule) pushed out a Magi placement whose dcp schedule
 #: wins (micro grid, LongAlign x2 causal, A100, batch 0)
 WIDEN_TOP = 3
+#: and this many of the estimated fastest in each direction alone
+WIDEN_PER_DIRECTION = 2
 
 
 class _Dropped(Exception):
