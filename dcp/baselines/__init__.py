@@ -48,13 +48,14 @@ def default_warm_planners() -> tuple:
     non-attention layers charged per token (``SearchConfig.token_time_s``) its exact token balance won an
     end-to-end cell (GPT-8B, LongAlign 64K causal) no other start reached. These
     won most often in the micro grid (``benchmarks/results/README.md``); more points cost planning time for
-    little gain. Not Ulysses (its placement is ring's contiguous shards; it differs only in running tiles by
-    head)."""
+    little gain. And Ulysses where its head count allows (contiguous shards, every tile run by head block
+    after an all-to-all: on the CPU profile, where a transfer's host cost is high, it beat every other
+    start on 4-8 devices in the randomized sweep)."""
     magi = tuple(MagiPlanner(None, 4, True, k) for k in (3, 4, 6)) + tuple(MagiPlanner(c, 4) for c in (1024, 2048))
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
             LoongTrainPlanner(shards=False), MegatronCPPlanner(), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(),
             *magi, MagiDynamicPlanner(2048, 4, 1.2), MagiDynamicPlanner(1024, 4, 1.05), MagiDynamicPlanner(None, 4),
-            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05))
+            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05), UlyssesPlanner())
 
 
 __all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronCPPlanner",
