@@ -145,12 +145,12 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
         free = free[np.lexsort((-area[free], degree[free]))]
         # ranks sorted by load, to find the least-loaded allowed rank of a dense mask quickly
         by_load = sorted((load[r], r) for r in range(p))
-        rank_l = rank.tolist()
+        rank_l, degree_l = rank.tolist(), degree.tolist()  # (a list: numpy scalar indexing per tile is slow)
         for t in free.tolist():
             m, h, a = masks[t], h_l[t], area_l[t]
             if (m >> h) & 1 and load[h] < avg:
                 r = h
-            elif degree[t] <= 4:
+            elif degree_l[t] <= 4:
                 r, best, mm = -1, math.inf, m
                 while mm:
                     low = mm & -mm
