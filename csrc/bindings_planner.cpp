@@ -12,6 +12,7 @@
 #include "box_counts.h"
 #include "checks.h"
 #include "estimate.h"
+#include "magi_place.h"
 #include "pieces.h"
 #include "rounds.h"
 #include "sim.h"
@@ -348,6 +349,73 @@ Tensor box_counts_direct(const Tensor& ranges, const Tensor& q_bounds, const Ten
   return counts;
 }
 
+std::tuple<bool, Tensor, Tensor> magi_place(const Tensor& mask, const Tensor& degree, const Tensor& home,
+                                            const Tensor& area, const Tensor& free_order, const Tensor& movable_order,
+                                            const Tensor& rank, const Tensor& load, double avg, double cap,
+                                            int64_t refine_passes) {
+  const char* fn = "dcp._C.magi_place";
+  const int64_t n = mask.numel(), p = load.numel();
+  check_vec(mask, fn, "mask", n, at::kLong);  // uint64 bits, passed as int64
+  check_vec(degree, fn, "degree", n, at::kLong);
+  check_vec(home, fn, "home", n, at::kLong);
+  check_vec(area, fn, "area", n, at::kDouble);
+  check_vec(free_order, fn, "free_order", free_order.numel(), at::kLong);
+  check_vec(movable_order, fn, "movable_order", movable_order.numel(), at::kLong);
+  check_vec(rank, fn, "rank", n, at::kLong);
+  check_vec(load, fn, "load", p, at::kDouble);
+  TORCH_CHECK(p >= 1 && p <= 64, fn, ": 1..64 ranks (one 64-bit mask per tile), got ", p);
+  TORCH_CHECK(refine_passes >= 0, fn, ": refine_passes must be >= 0, got ", refine_passes);
+  if (n) {
+    const uint64_t outside = p == 64 ? 0ULL : ~((1ULL << p) - 1ULL);
+    const auto* m = reinterpret_cast<const uint64_t*>(mask.data_ptr<int64_t>());
+    const int64_t* deg = degree.data_ptr<int64_t>();
+    for (int64_t t = 0; t < n; ++t) {
+      TORCH_CHECK((m[t] & outside) == 0 && m[t] != 0, fn, ": tile ", t, "'s mask must name 1..", p,
+                  " ranks 0..", p - 1);
+      TORCH_CHECK(deg[t] == __builtin_popcountll(m[t]), fn, ": degree[", t, "] must count its mask's ranks");
+    }
+    TORCH_CHECK(home.min().item<int64_t>() >= 0 && home.max().item<int64_t>() < p, fn, ": home must be ranks 0..",
+                p - 1);
+    TORCH_CHECK(rank.min().item<int64_t>() >= -1 && rank.max().item<int64_t>() < p, fn,
+                ": rank must be -1 (unplaced) or ranks 0..", p - 1);
+  }
+  for (const auto& [o, name] : {std::pair{&free_order, "free_order"}, std::pair{&movable_order, "movable_order"}}) {
+    TORCH_CHECK(!o->numel() || (o->min().item<int64_t>() >= 0 && o->max().item<int64_t>() < n), fn, ": ", name,
+                " must hold tiles 0..", n - 1);
+  }
+  Tensor rank_out = rank.clone(), load_out = load.clone();
+  const int64_t* fo = free_order.data_ptr<int64_t>();
+  const int64_t* r0 = rank.data_ptr<int64_t>();
+  std::vector<char> placed(n);  // every tile the refinement may move has a rank by then
+  for (int64_t t = 0; t < n; ++t) placed[t] = r0[t] >= 0;
+  for (int64_t i = 0; i < free_order.numel(); ++i) {
+    TORCH_CHECK(!placed[fo[i]], fn, ": free tile ", fo[i], " is already placed (rank ", r0[fo[i]], ") or listed twice");
+    placed[fo[i]] = 1;
+  }
+  const int64_t* mo = movable_order.data_ptr<int64_t>();
+  for (int64_t i = 0; i < movable_order.numel(); ++i) {
+    TORCH_CHECK(placed[mo[i]], fn, ": movable tile ", mo[i], " is neither placed nor free");
+  }
+  dcp::MagiPlaceParams prm;
+  prm.n_tiles = n;
+  prm.n_ranks = p;
+  prm.n_free = free_order.numel();
+  prm.n_movable = movable_order.numel();
+  prm.refine_passes = refine_passes;
+  prm.mask = reinterpret_cast<const uint64_t*>(mask.data_ptr<int64_t>());
+  prm.degree = degree.data_ptr<int64_t>();
+  prm.home = home.data_ptr<int64_t>();
+  prm.area = area.data_ptr<double>();
+  prm.free_order = fo;
+  prm.movable_order = mo;
+  prm.avg = avg;
+  prm.cap = cap;
+  prm.rank = rank_out.data_ptr<int64_t>();
+  prm.load = load_out.data_ptr<double>();
+  const bool ok = dcp::magi_place(prm);
+  return {ok, rank_out, load_out};
+}
+
 }  // namespace
 
 namespace dcp {
@@ -369,6 +437,9 @@ void register_planner(pybind11::module_& m) {
   m.def("simulate_streams", &::simulate_streams, "(ptr, step_dev, flow_ptr, step_flows, pending, comp, red, "
         "f_step, f_res, f_bytes, cap, clock0, reduce0, host, host0, latency, round_over) -> (clock, compute_s, reduce_s, "
         "wait_s, f_start, f_end, blocked, pos, n_rate_updates): the simulator's event loop (dcp.sim.streams)");
+  m.def("magi_place", &::magi_place, "(mask, degree, home, area, free_order, movable_order, rank, load, avg, cap, "
+        "refine_passes) -> (ok, rank, load): the greedy placement of Magi's dynamic solver "
+        "(dcp.baselines.magi_dynamic.solve)");
   m.def("max_min_fill", &::max_min_fill, "(res [n, width] int64 (-1 padding), cap, small) -> rate: max-min fair "
         "rates by the simulator's progressive filling (small: dcp.sim.flows._max_min_small)");
 }

@@ -59,6 +59,13 @@ from dcp.layout.tiles import enumerate_tiles
 from dcp.schedule.assemble import Planner, StaticParts
 from dcp.spec import BatchSpec
 
+try:  # the greedy placement's C++ loop, when the extension is built
+    from dcp import _C  # type: ignore[attr-defined]
+
+    _NATIVE_PLACE = hasattr(_C, "magi_place")
+except ImportError:
+    _C, _NATIVE_PLACE = None, False
+
 MAX_TRIES = 20  # binary search steps
 EPS = 1e-2  # relative precision of the threshold
 REFINE_PASSES = 5
@@ -92,11 +99,17 @@ class Solution:
 
 
 def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: float,
-          trace: list | None = None) -> Solution:
+          trace: list | None = None, native: bool | None = None) -> Solution:
     """The binary-greedy solver (module docstring) on tiles ``(q_unit, kv_unit, area)``; units are token
     blocks with ``unit_home`` and per-copy costs ``q_cost``/``kv_cost``. Returns the rank of every tile;
-    ``trace`` (a list) receives (threshold, feasible, largest rank area / mean) per try."""
+    ``trace`` (a list) receives (threshold, feasible, largest rank area / mean) per try. ``native``: the
+    greedy placement in C++ (``dcp._C.magi_place``, csrc/magi_place.cpp, the same loop; up to 64 ranks) or
+    in Python (False); None: C++ when built and the ranks fit."""
     p = n_ranks
+    if native is None:
+        native = _NATIVE_PLACE and p <= 64
+    elif native and not (_NATIVE_PLACE and p <= 64):
+        raise InvalidConfigError(f"magi_dynamic: the native placement needs dcp._C and at most 64 ranks, got {p}")
     n_units = unit_home.size
     area = np.asarray(area, dtype=np.float64)
     avg = float(area.sum()) / p
@@ -134,7 +147,27 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
     area_l = area.tolist()
     fixed_load = np.bincount(hq[fixed], weights=area[fixed], minlength=p)  # tiles whose blocks share a home
 
+    def place_native(q_mask: list, k_mask: list) -> tuple[bool, np.ndarray, np.ndarray]:
+        import torch
+
+        mask = np.array(q_mask, dtype=np.uint64)[q_unit] & np.array(k_mask, dtype=np.uint64)[kv_unit]
+        degree = np.bitwise_count(mask).astype(np.int64)
+        if (degree == 0).any():
+            return False, np.full(area.size, -1, dtype=np.int64), np.zeros(p)
+        free = np.flatnonzero(~fixed)
+        free = free[np.lexsort((-area[free], degree[free]))]
+        movable = np.flatnonzero(degree > 1)
+        movable = movable[np.lexsort((-area[movable], degree[movable]))]
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+        home = hq.astype(np.int64, copy=False)
+        ok, rank, load = _C.magi_place(t(mask.view(np.int64)), t(degree), t(home), t(area), t(free.astype(np.int64)),
+                                       t(movable.astype(np.int64)), t(np.where(fixed, home, -1)),
+                                       t(fixed_load.astype(np.float64)), float(avg), float(cap), REFINE_PASSES)
+        return bool(ok), rank.numpy(), load.numpy()
+
     def place(q_mask: list, k_mask: list) -> tuple[bool, np.ndarray, np.ndarray]:
+        if native:
+            return place_native(q_mask, k_mask)
         masks = [q_mask[a] & k_mask[b] for a, b in zip(q_l, k_l)]
         degree = np.fromiter((m.bit_count() for m in masks), dtype=np.int64, count=len(masks))
         if (degree == 0).any():
