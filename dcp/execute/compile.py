@@ -400,15 +400,14 @@ class _Compiler:
 
     def _launch(self, op) -> Launch:
         msgs, total, dtypes = [], 0, {}
-        payload, spec, layout_of, in_q, in_kv, inp = self._payload, self._spec, self._layout, self.in_q, self.in_kv, \
-            self._input
+        payload, spec, layout_of = self._payload, self._spec, self._layout
         for peer, units in op.sends:
             layout = layout_of((self.direction, op.round, self.rank, peer), units)
             # pieces: runs of a region's units whose source rows are contiguous too (one copy each)
             last: dict = {}
             runs = []
             for (first, row, m), u in zip(layout.units, units):
-                for s, r, h in (inp(u) if u[0] == in_q or u[0] == in_kv else payload(u)):
+                for s, r, h in payload(u):
                     p = last.get(first)
                     if p is not None and p[1] == s and p[2] + p[4] == r and p[3] == h:
                         p[4] += m
@@ -418,16 +417,10 @@ class _Compiler:
                     first += 1
             pieces = []
             regions = layout.regions
-            for reg, (a, s, r, h, m) in runs:  # (piece_geometry, inlined: hundreds of pieces)
-                dim, dt, shape, off = regions[reg]
+            for reg, (a, s, r, h, m) in runs:
+                dt, size, stride, off = piece_geometry(regions[reg], a, m)
                 dtypes[dt] = None
-                if dim == 3:
-                    _, hh, d = shape
-                    g = (dt, (m, hh, d), (hh * d, d, 1), off + a * hh * d + total // dt.itemsize)
-                else:
-                    hh, n = shape
-                    g = (dt, (hh, m), (n, 1), off + a + total // dt.itemsize)
-                pieces.append((g, spec(s, r, r + m, h)))
+                pieces.append(((dt, size, stride, off + total // dt.itemsize), spec(s, r, r + m, h)))
             alias = None
             region = regions[0] if len(regions) == 1 else None
             # a message of one tensor nobody writes any more (home input, sent partial) may go as it is
