@@ -145,24 +145,34 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
     base_q = [1 << int(h) for h in unit_home.tolist()]
     q_l, k_l, h_l = q_unit.tolist(), kv_unit.tolist(), hq.tolist()
     area_l = area.tolist()
-    fixed_load = np.bincount(hq[fixed], weights=area[fixed], minlength=p)  # tiles whose blocks share a home
+    # tiles whose blocks share a home (float64 even with none: bincount of no tiles is int64)
+    fixed_load = np.bincount(hq[fixed], weights=area[fixed], minlength=p).astype(np.float64)
+    fixed_rank = np.where(fixed, hq, -1).astype(np.int64)
 
-    def place_native(q_mask: list, k_mask: list) -> tuple[bool, np.ndarray, np.ndarray]:
+    def unplaceable() -> tuple[bool, np.ndarray, np.ndarray]:  # a tile with no allowed rank
+        return False, np.full(area.size, -1, dtype=np.int64), np.zeros(p)
+
+    def tile_orders(degree: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the tiles to place, fewest allowed ranks first, then largest area; the tiles the refinement may
+        move, those with a choice, in the same order)."""
+        by = lambda tiles: tiles[np.lexsort((-area[tiles], degree[tiles]))]  # noqa: E731
+        return by(np.flatnonzero(~fixed)), by(np.flatnonzero(degree > 1))
+
+    if native:  # the arrays every try passes alike
         import torch
 
+        tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+        per_solve = (tensor(hq.astype(np.int64)), tensor(area))
+        per_try = (tensor(fixed_rank), tensor(fixed_load))  # (the call copies them)
+
+    def place_native(q_mask: list, k_mask: list) -> tuple[bool, np.ndarray, np.ndarray]:
         mask = np.array(q_mask, dtype=np.uint64)[q_unit] & np.array(k_mask, dtype=np.uint64)[kv_unit]
         degree = np.bitwise_count(mask).astype(np.int64)
         if (degree == 0).any():
-            return False, np.full(area.size, -1, dtype=np.int64), np.zeros(p)
-        free = np.flatnonzero(~fixed)
-        free = free[np.lexsort((-area[free], degree[free]))]
-        movable = np.flatnonzero(degree > 1)
-        movable = movable[np.lexsort((-area[movable], degree[movable]))]
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
-        home = hq.astype(np.int64, copy=False)
-        ok, rank, load = _C.magi_place(t(mask.view(np.int64)), t(degree), t(home), t(area), t(free.astype(np.int64)),
-                                       t(movable.astype(np.int64)), t(np.where(fixed, home, -1)),
-                                       t(fixed_load.astype(np.float64)), float(avg), float(cap), REFINE_PASSES)
+            return unplaceable()
+        free, movable = tile_orders(degree)
+        ok, rank, load = _C.magi_place(tensor(mask.view(np.int64)), tensor(degree), *per_solve, tensor(free),
+                                       tensor(movable), *per_try, float(avg), float(cap), REFINE_PASSES)
         return bool(ok), rank.numpy(), load.numpy()
 
     def place(q_mask: list, k_mask: list) -> tuple[bool, np.ndarray, np.ndarray]:
@@ -171,14 +181,12 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
         masks = [q_mask[a] & k_mask[b] for a, b in zip(q_l, k_l)]
         degree = np.fromiter((m.bit_count() for m in masks), dtype=np.int64, count=len(masks))
         if (degree == 0).any():
-            return False, np.full(area.size, -1, dtype=np.int64), np.zeros(p)
-        rank = np.where(fixed, hq, -1)
+            return unplaceable()
+        free, movable = tile_orders(degree)
         load = fixed_load.tolist()
-        free = np.flatnonzero(~fixed)
-        free = free[np.lexsort((-area[free], degree[free]))]
         # ranks sorted by load, to find the least-loaded allowed rank of a dense mask quickly
         by_load = sorted((load[r], r) for r in range(p))
-        rank_l, degree_l = rank.tolist(), degree.tolist()  # (a list: numpy scalar indexing per tile is slow)
+        rank_l, degree_l = fixed_rank.tolist(), degree.tolist()  # (lists: numpy scalar indexing per tile is slow)
         for t in free.tolist():
             m, h, a = masks[t], h_l[t], area_l[t]
             if (m >> h) & 1 and load[h] < avg:
@@ -198,8 +206,7 @@ def solve(q_unit, kv_unit, area, unit_home, q_cost, kv_cost, n_ranks: int, mu: f
             insort(by_load, (load[r], r))
             rank_l[t] = r
         # refinement: tiles with a choice, in placement order (fixed ones with several ranks too)
-        movable = np.flatnonzero(degree > 1)
-        movable = movable[np.lexsort((-area[movable], degree[movable]))].tolist()
+        movable = movable.tolist()
         for _ in range(REFINE_PASSES):
             if max(load) <= cap:
                 break
