@@ -177,9 +177,8 @@ def _cell_rows(cfg: MicroConfig, dataset: str, scale: float, mask_name: str, bi:
                                       **stat_fields(dcp_plan), candidates=dcp_plan.meta.get("search_candidates", ""),
                                       warnings=len(dcp_warns), **common))
         if "dcp" in cfg.planners:
-            opponents = [r for r in rows[profile] if r["batch"] == cell["batch"] and r["dataset"] == cell["dataset"]
-                         and r["scale"] == cell["scale"] and r["mask"] == cell["mask"]
-                         and (r["planner"] in BASELINE_NAMES or r["planner"] == TUNED)]
+            # (rows holds this batch's rows only)
+            opponents = [r for r in rows[profile] if r["planner"] in BASELINE_NAMES or r["planner"] == TUNED]
             rows[profile].extend(same_memory_rows(rows[profile][-1], opponents, cell, spec, cluster, config, cost,
                                                   common))
         if want_auto:
@@ -274,9 +273,7 @@ def summarize(rows: list[dict], planners=(*PLANNER_NAMES, TUNED)) -> list[dict]:
             row["best_tuned_bwd_ms"] = round(t[(TUNED, "bwd")], 4)
             row["best_tuned_chosen"] = ";".join(r["chosen"] for r in sel if r["planner"] == TUNED)
         same = [r for r in sel if r["planner"] == SAME_MEMORY]
-        for d in ("fwd", "bwd"):  # dcp given the memory of the faster over-budget baseline it lost to, per batch
-            if not same:
-                continue
+        for d in ("fwd", "bwd") if same else ():  # dcp given the memory of the over-budget baseline it lost to
             # (CSVs before the ``opponent`` column: the cell's best baseline at default knobs)
             opp = {r["batch"]: r.get("opponent") or row[f"best_baseline_{d}"] for r in same}
             theirs = [r[f"{d}_ms"] for r in sel if r["batch"] in opp and r["planner"] == opp[r["batch"]]]
