@@ -151,10 +151,8 @@ class DeviceIndex:
         dev = np.asarray(tile_device, dtype=np.int64)
         stage = np.asarray(program.tile_stage, dtype=np.int64)
         ok = np.flatnonzero((dev >= 0) & (dev < n_devices)) if dev.size == stage.size else np.zeros(0, np.int64)
-        if stage.size and stage.min() < 0:  # (the validator refuses it; ordered all the same)
-            order = ok[np.lexsort((ok, stage[ok], dev[ok]))]
-        else:  # by (device, stage, id): one packed key, a stable sort keeps the ids in order
-            order = ok[np.argsort(dev[ok] * (int(stage.max(initial=0)) + 1) + stage[ok], kind="stable")]
+        # by (device, stage, id): a stable sort keeps the ids in order
+        order = ok[_row_order(np.stack([dev[ok], stage[ok]], axis=1), (0, 1))]
         self.tile_order, self.tile_ptr = order, _csr(dev[order], n_devices)
         self.tile_stage = stage
 
