@@ -10,7 +10,7 @@ import dcp
 import dcp.masks as M
 from dcp.baselines import MegatronDynCPPlanner, RingPlanner, TEA2AP2PPlanner, ZigzagPlanner, default_warm_planners
 from dcp.cost import CostModel
-from dcp.planner.pack import _clamp_cuts, pack, zigzag_cuts
+from dcp.planner.pack import _clamp_cuts, _cut_shares, pack, sequence_profile, zigzag_cuts
 from dcp.sim import simulate_both
 
 CPU = CostModel.named("cpu_amd_epyc_2c")
@@ -163,6 +163,36 @@ def test_a_sliding_window_split_follows_the_token_caps():
     assert tokens.sum() == 4096 and tokens.max() <= 1100
     free_cuts, free_owner = zigzag_cuts(ranges, np.arange(4), np.full(4, 0.25), 256)
     assert np.bincount(free_owner, weights=np.diff(free_cuts)).max() > 1100  # work alone would overfill member 0
+
+
+def test_a_capped_members_shortfall_is_spread_over_the_members_after_it():
+    # shared question: the first fifth (the question) is cheap per token, so the first member's token room
+    # fills before it holds its share of the work; the work it could not take must not all land on the next
+    ranges = M.SharedQuestionMask(0.2, 4).kv_ranges(16000)
+    g, caps = 8, np.full(8, 1.1 * 16000 / 8)
+    work = sequence_profile(ranges)[0]
+    cuts, owner = zigzag_cuts(ranges, np.arange(g), np.full(g, 1 / g), 256, token_caps=caps)
+    tokens = np.bincount(owner, weights=np.diff(cuts), minlength=g)
+    assert tokens.sum() == 16000 and tokens.max() <= caps[0] + 1e-9
+    share = _cut_shares(work, cuts, owner, np.arange(g))
+    capped = tokens >= np.floor(caps) - 1
+    assert capped[0] and share[0] < 0.5 / g  # the question's tokens fill its room: it took less than its share
+    free = share[~capped]  # the members with room left share what the capped ones could not take, evenly
+    assert free.size >= g - 2 and free.max() <= free.min() * 1.02
+    # cutting without the re-targeting (the cumulative targets kept) piles the shortfall onto one member
+    cum = np.concatenate([[0.0], np.cumsum(work / work.sum())])
+    naive = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(cum, np.arange(1, g) / g), [16000]]))
+    naive_share = np.diff(cum[_clamp_cuts(naive, caps, 16000, 1)])
+    assert naive_share.max() > free.max() * 1.15
+
+
+def test_cut_shares_are_the_members_fractions_of_the_work():
+    work = np.arange(1.0, 11.0)  # 10 tokens, work 1..10 (sum 55)
+    bounds, owner = np.array([0, 3, 7, 10]), np.array([5, 2, 5])
+    got = _cut_shares(work, bounds, owner, np.array([5, 2]))
+    assert np.allclose(got, [(6 + 27) / 55, 22 / 55])
+    # a token share spreads that part evenly: all of it gives the token fractions
+    assert np.allclose(_cut_shares(work, bounds, owner, np.array([2, 5]), token_share=1.0), [0.4, 0.6])
 
 
 def test_packings_split_a_short_sequence_that_fits_no_device():

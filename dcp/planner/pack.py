@@ -142,15 +142,34 @@ def _assign_groups(spec: BatchSpec, seq_w: np.ndarray, seq_t: np.ndarray, cluste
             need = w * slow(min(1.0, cap_w / w))
             members, share = _capped_water_fill(load, need, token_left / t)
         groups[s], shares[s] = tuple(members.tolist()), share
-        load[members] += share * w * slow(share)
         if profiles is None:  # a measuring pass: members take their shares
+            load[members] += share * w * slow(share)
             tokens[members] += share * t
             continue
         tau = 0.0 if token_share is None else float(token_share[s])
         bounds, owner = cuts[s] = zigzag_cuts(None, members, share, block_size, tau, token_left[members],
                                               profiles[s])
         tokens += np.bincount(owner, weights=np.diff(bounds), minlength=n_dev)
+        # the work each member got: its share unless the token room moved the cuts (the later sequences
+        # are placed against what the devices really carry)
+        got = _cut_shares(profiles[s][0], bounds, owner, members, tau)
+        load[members] += got * w * slow(got)
     return groups, shares, cuts, load
+
+
+def _cut_shares(work: np.ndarray, bounds: np.ndarray, owner: np.ndarray, members: np.ndarray,
+                token_share: float = 0.0) -> np.ndarray:
+    """Fraction of a split sequence's work each of ``members`` owns under the cuts (``bounds``, ``owner``
+    from ``zigzag_cuts``), on the same per-token work (``token_share`` of it spread evenly over tokens)."""
+    work = (1 - token_share) * work / max(float(work.sum()), 1e-300) + token_share / work.size
+    cum = np.concatenate([[0.0], np.cumsum(work)])
+    per_block = cum[bounds[1:]] - cum[bounds[:-1]]
+    mine = np.bincount(np.searchsorted(members, owner, sorter=np.argsort(members)), weights=per_block,
+                       minlength=members.size)
+    order = np.argsort(members)
+    out = np.empty(members.size)
+    out[order] = mine
+    return out / max(float(out.sum()), 1e-300)
 
 
 def pack_aligned(spec: BatchSpec, cluster: Cluster, block_size: int, head_block_size: int | None,
@@ -257,7 +276,7 @@ def zigzag_cuts(ranges_tr2: np.ndarray | None, members: np.ndarray, share: np.nd
         strip = cum[x] + (total - cum[seqlen - x])  # work of [0, x) and [L - x, L)
         xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(strip, target), [half]]).clip(0, half))
         if token_caps is not None:  # member m < g-1 takes 2 (x_m+1 - x_m) tokens, the last L - 2 x_g-1
-            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 2)
+            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 2, strip, share)
         for m in range(g):
             if m < g - 1:
                 strips = ((xs[m], xs[m + 1]), (seqlen - xs[m + 1], seqlen - xs[m]))
@@ -267,7 +286,7 @@ def zigzag_cuts(ranges_tr2: np.ndarray | None, members: np.ndarray, share: np.nd
     else:
         xs = np.maximum.accumulate(np.concatenate([[0], np.searchsorted(cum, target), [seqlen]]).clip(0, seqlen))
         if token_caps is not None:
-            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 1)
+            xs = _clamp_cuts(xs, np.asarray(token_caps, float), seqlen, 1, cum, share)
         pieces = [(int(xs[m]), int(xs[m + 1]), int(members[m])) for m in range(g) if xs[m + 1] > xs[m]]
     pieces.sort()
     cuts, owner = [0], []
@@ -281,20 +300,34 @@ def zigzag_cuts(ranges_tr2: np.ndarray | None, members: np.ndarray, share: np.nd
     return np.asarray(cuts, dtype=np.int64), np.asarray(owner, dtype=np.int64)
 
 
-def _clamp_cuts(xs: np.ndarray, caps: np.ndarray, seqlen: int, per_step: int) -> np.ndarray:
+def _clamp_cuts(xs: np.ndarray, caps: np.ndarray, seqlen: int, per_step: int, work_at: np.ndarray | None = None,
+                share: np.ndarray | None = None) -> np.ndarray:
     """Cut positions ``xs`` (``[g + 1]``, first 0) moved so that member m's tokens, ``per_step x (x_m+1 -
     x_m)`` (the last member: all that remains), stay within ``caps[m]`` where the caps allow: each cut at
     most ``caps[m] / per_step`` past the previous one and far enough that the members after it can hold
-    the rest. When the caps add up to less than the sequence, the rest stays on the last member."""
+    the rest. When the caps add up to less than the sequence, the rest stays on the last member.
+
+    ``work_at[x]`` (the work up to cut position x, non-decreasing) and the members' ``share``: once a cut
+    has moved, each later member's cut is placed anew at its share of the work that remains, so the work a
+    capped member could not take is spread over all the members after it instead of landing on the next
+    one (which would then carry its own share plus that shortfall: a shared-question sequence whose cheap
+    question tokens fill the first member's room). Cuts before the first move are kept as given."""
     xs = xs.astype(np.int64).copy()
     g = caps.size
     # whole tokens a member can take: a multiple of per_step, except the last member's remainder
     caps = np.append(per_step * np.floor(caps[:-1] / per_step), np.floor(caps[-1:]))
     after = np.concatenate([np.cumsum(caps[::-1])[::-1][1:], [0.0]])  # caps of the members after m
+    moved = False
     for m in range(g - 1):
+        if moved and work_at is not None and share is not None:
+            done, total = float(work_at[xs[m]]), float(work_at[-1])
+            target = done + (total - done) * float(share[m]) / max(float(np.sum(share[m:])), 1e-300)
+            xs[m + 1] = max(int(xs[m]), min(int(np.searchsorted(work_at, target)), work_at.size - 1))
         hi = xs[m] + int(caps[m] // per_step)
         lo = int(np.ceil((seqlen - after[m]) / per_step))
-        xs[m + 1] = max(xs[m], min(max(int(xs[m + 1]), lo), hi))
+        cut = max(xs[m], min(max(int(xs[m + 1]), lo), hi))
+        moved |= cut != xs[m + 1]
+        xs[m + 1] = cut
     limit = xs[-1]
     xs[:-1] = np.minimum(xs[:-1], limit)
     return xs
