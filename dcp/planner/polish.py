@@ -10,8 +10,19 @@ the chosen placement's close alternatives (``Candidate.alternatives``: within ``
 direction's best estimate, over every candidate of that placement, e.g. a warm start and its "/staged"
 version) through the simulator, one direction at a time (a direction's time depends on its own program
 only), and keeps per direction the fastest simulated schedule — so the plan is never slower, by the
-simulator, than any of those schedules of its placement. The result keeps the memory budget: when the
-combination's transient buffers exceed it, the choice stands.
+simulator, than any of those schedules of its placement. The result keeps the memory budget: the fastest
+pair of schedules (of the ``POLISH_PAIRS`` fastest per direction) whose transient buffers fit it wins; when
+none does before the current pair, the choice stands.
+
+The placement's *direct* schedules compete too (``direct_schedule``): every input straight from its home
+and every partial straight home, the remote work in ``degree`` groups that each hide behind the previous
+stage -- the schedule Magi runs its own placements with (``dcp.baselines.magi.staged_schedule``), applied
+to any placement, at each degree of ``DIRECT_DEGREES`` and, on several nodes, also with a unit entering a
+remote node once. dcp's round builder (``dcp.schedule.stages``) relays units inside a node to save NIC
+bytes, at the price of a round and a relay's busy egress; where a placement's transfers are few and large
+(a packing's backward, whose dKV partials all leave after its last stage) straight transfers in fewer,
+longer stages are faster. They are simulated for the chosen placement only: estimating them for every
+widened candidate instead doubled the planning time for about a per cent in the micro grid's geomean.
 """
 from __future__ import annotations
 
@@ -23,6 +34,43 @@ from dcp.planner.budget import MemoryBudget, plan_transient
 from dcp.planner.candidates import Candidate, close_alternatives, schedule_bytes
 
 DIRECTIONS = ("forward", "backward")
+#: overlap degrees of the direct schedules (Magi's own: ``dcp.baselines.magi.VARIANT_DEGREES``)
+DIRECT_DEGREES = (1, 2, 3, 4)
+#: direct schedules estimated more than this above a direction's fastest estimate are not simulated
+DIRECT_WITHIN = 0.1
+#: per direction, the fastest simulated schedules whose pairs are checked against the transient budget
+POLISH_PAIRS = 3
+
+
+def direct_schedule(cand: Candidate, cluster, degree: int, hierarchical: bool):
+    """(tile stage, routes) of ``cand``'s placement under the direct schedule at ``degree`` (module
+    docstring); ``hierarchical``: a unit enters a remote node once and is relayed inside it."""
+    from dcp.baselines.magi import staged_schedule
+
+    # a device's remote KV blocks in token order, as Magi groups them
+    return staged_schedule(cand.layout, cand.tiles, np.asarray(cand.home, dtype=np.int64),
+                           np.asarray(cand.tile_device, dtype=np.int64), cand.tiles.kv_tb.astype(np.int64), degree,
+                           cluster.gpus_per_node if hierarchical else None)
+
+
+def direct_alternatives(cand: Candidate, spec, cluster, cost) -> tuple[tuple, tuple]:
+    """Per direction, every direct schedule of ``cand``'s placement as an alternative ``(estimate s, label,
+    Schedule, device ends)``; the label, ``"direct<degree>"`` (``h`` appended: hierarchical), stands where
+    dcp's alternatives have their stage count."""
+    from dcp.cost.estimate import estimate_device_ends_s
+    from dcp.schedule.stages import Schedule
+
+    out: tuple[list, list] = ([], [])
+    for hierarchical in (False, True) if cluster.nodes > 1 else (False,):
+        for degree in DIRECT_DEGREES:
+            stage, routes = direct_schedule(cand, cluster, degree, hierarchical)
+            label = f"direct{degree}" + ("h" if hierarchical else "")
+            for i, direction in enumerate(DIRECTIONS):
+                sched = Schedule(direction, stage, routes)
+                ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device,
+                                              sched, cost)
+                out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
+    return tuple(out[0]), tuple(out[1])
 
 
 def placement_alternatives(best: Candidate, cands: list[Candidate]) -> tuple[tuple, tuple]:
@@ -46,16 +94,18 @@ def placement_alternatives(best: Candidate, cands: list[Candidate]) -> tuple[tup
 
 def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget: MemoryBudget) -> Candidate:
     """``best`` with each direction's schedule the fastest simulated among its placement's close
-    alternatives (``placement_alternatives``); ``best`` itself when it has none other in either direction,
-    when none simulates faster, or when the faster combination exceeds the transient budget. A changed
-    candidate is labelled ``<label>/sim``."""
+    alternatives (``placement_alternatives``) and its direct schedules (``direct_alternatives``); ``best``
+    itself when none simulates faster, or when no faster pair fits the transient budget. A changed candidate
+    is labelled ``<label>/sim``."""
     from dcp.ir.plan import Plan
     from dcp.schedule.build import build_program
     from dcp.sim import simulate
 
     alts = placement_alternatives(best, cands)
-    if all(len(a) < 2 for a in alts):
-        return best
+    # and the direct schedules estimated within DIRECT_WITHIN of the direction's fastest estimate (simulating
+    # all of them cost a large plan a third of a second)
+    alts = tuple(per + tuple(d for d in direct if d[0] <= min(a[0] for a in per + direct) * (1 + DIRECT_WITHIN))
+                 for per, direct in zip(alts, direct_alternatives(best, spec, cluster, cost)))
     home32 = np.asarray(best.home, dtype=np.int32)
     device32 = np.asarray(best.tile_device, dtype=np.int32)
     programs = {(d, a[1]): None for d, per in zip(DIRECTIONS, alts) for a in per}
@@ -71,23 +121,26 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
                     program("backward", bwd_alt), "candidate", 0.0, ())
 
     current = {d: next(a for a in per if a[1] == best.stages[i]) for i, (d, per) in enumerate(zip(DIRECTIONS, alts))}
-    chosen, gained = {}, False
+    timed = []
     for i, direction in enumerate(DIRECTIONS):
-        timed = []
+        per = []
         for alt in alts[i]:
             pair = (alt, current["backward"]) if direction == "forward" else (current["forward"], alt)
-            timed.append((simulate(plan_of(*pair), cost, direction, record_events=False).makespan_s,
-                          alt[1] != best.stages[i], alt))
-        t, changed, alt = min(timed, key=lambda x: x[:2])  # ties keep the current schedule
-        chosen[direction] = alt
-        gained |= changed
-    if not gained:
-        return best
-    fwd, bwd = chosen["forward"], chosen["backward"]
-    if budget.transient_bytes is not None:
-        peak = int(plan_transient(plan_of(fwd, bwd)).max(initial=0))
-        if peak > budget.transient_bytes * (1 + 1e-9):
+            per.append((simulate(plan_of(*pair), cost, direction, record_events=False).makespan_s,
+                        alt[1] != best.stages[i], alt))
+        timed.append(sorted(per, key=lambda x: x[:2]))  # ties keep the current schedule
+    # the fastest pair within the transient budget (a direct schedule at degree 1 receives all its inputs at
+    # once); reaching the current pair, or none fitting, keeps the choice
+    pairs = sorted(((f[0] + b[0], f[1] + b[1], f[2], b[2]) for f in timed[0][:POLISH_PAIRS]
+                    for b in timed[1][:POLISH_PAIRS]), key=lambda x: x[:2])
+    for _, changed, fwd, bwd in pairs:
+        if not changed:
             return best
+        if budget.transient_bytes is None or \
+                int(plan_transient(plan_of(fwd, bwd)).max(initial=0)) <= budget.transient_bytes * (1 + 1e-9):
+            break
+    else:
+        return best
     comm = schedule_bytes(spec, best.layout, fwd[2]) + schedule_bytes(spec, best.layout, bwd[2])
     return dataclasses.replace(best, label=best.label + "/sim", forward=fwd[2], forward_s=fwd[0], forward_ends=fwd[3],
                                backward=bwd[2], backward_s=bwd[0], backward_ends=bwd[3], stages=(fwd[1], bwd[1]),
