@@ -159,7 +159,8 @@ def test_direct_schedules_are_valid_plans_of_any_placement():
     for cand in picked:
         fwd, bwd = direct_alternatives(cand, spec, cluster, A100)
         labels = [a[1] for a in fwd]
-        assert labels == [f"direct{d}{h}" for h in ("", "h") for d in P.DIRECT_DEGREES] == [a[1] for a in bwd]
+        assert labels == [f"{o}{d}{h}" for o in P.DIRECT_ORDERS for h in ("", "h") for d in P.DIRECT_DEGREES] \
+            == [a[1] for a in bwd]
         for f, b in zip(fwd, bwd):
             assert f[2].direction == "forward" and b[2].direction == "backward" and f[0] > 0 and b[0] > 0
             plan = candidate_programs(dataclasses.replace(cand, forward=f[2], backward=b[2]), spec, cluster)
@@ -169,10 +170,20 @@ def test_direct_schedules_are_valid_plans_of_any_placement():
                 ins = sched.routes.inputs
                 if not f[1].endswith("h"):
                     assert np.array_equal(ins[:, 3], np.asarray(cand.home)[ins[:, 1]])
+        # shifted: a device reads its remote KV in rounds that never go back in ring distance to the home
+        stage, routes = P.direct_schedule(cand, cluster, 4, False, "shifted")
+        kv = routes.inputs[routes.inputs[:, 0] == 1]
+        for dst in np.unique(kv[:, 4]):
+            mine = kv[kv[:, 4] == dst]
+            dist = (mine[:, 3] - dst) % cluster.n_devices
+            assert (np.diff(mine[np.lexsort((mine[:, 5], dist)), 5]) >= 0).all()
+    with pytest.raises(ValueError, match="order"):
+        P.direct_schedule(cand, cluster, 2, False, "zigzag")
     # one node: no hierarchical variant
     one = dcp.Cluster(1, 8)
     cand = DCPPlanner(dcp.PlannerConfig(block_size=256, cost_model=A100, **FAST)).search(spec, one).best
-    assert [a[1] for a in direct_alternatives(cand, spec, one, A100)[0]] == [f"direct{d}" for d in P.DIRECT_DEGREES]
+    assert [a[1] for a in direct_alternatives(cand, spec, one, A100)[0]] == \
+        [f"{o}{d}" for o in P.DIRECT_ORDERS for d in P.DIRECT_DEGREES]
 
 
 def test_pinned_a_direct_backward_beats_dcps_own_schedules():

@@ -17,8 +17,8 @@ none does before the current pair, the choice stands.
 The placement's *direct* schedules compete too (``direct_schedule``): every input straight from its home
 and every partial straight home, the remote work in ``degree`` groups that each hide behind the previous
 stage -- the schedule Magi runs its own placements with (``dcp.baselines.magi.staged_schedule``), applied
-to any placement, at each degree of ``DIRECT_DEGREES`` and, on several nodes, also with a unit entering a
-remote node once. dcp's round builder (``dcp.schedule.stages``) relays units inside a node to save NIC
+to any placement, at each degree of ``DIRECT_DEGREES``, with the remote blocks grouped in token order or
+ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit entering a remote node once. dcp's round builder (``dcp.schedule.stages``) relays units inside a node to save NIC
 bytes, at the price of a round and a relay's busy egress; where a placement's transfers are few and large
 (a packing's backward, whose dKV partials all leave after its last stage) straight transfers in fewer,
 longer stages are faster. They are simulated for the chosen placement only: estimating them for every
@@ -42,34 +42,47 @@ DIRECT_WITHIN = 0.1
 POLISH_PAIRS = 3
 
 
-def direct_schedule(cand: Candidate, cluster, degree: int, hierarchical: bool):
+#: the orders in which a device's remote KV blocks are cut into overlap groups: "direct", in token order (as
+#: Magi groups them); "shifted", by the ring distance from the device to the block's home first, so that in
+#: each round the devices read from different homes (the shifted all-to-all: no home serves many at once)
+DIRECT_ORDERS = ("direct", "shifted")
+
+
+def direct_schedule(cand: Candidate, cluster, degree: int, hierarchical: bool, order: str = "direct"):
     """(tile stage, routes) of ``cand``'s placement under the direct schedule at ``degree`` (module
-    docstring); ``hierarchical``: a unit enters a remote node once and is relayed inside it."""
+    docstring) with its remote KV grouped in ``order`` (``DIRECT_ORDERS``); ``hierarchical``: a unit enters a
+    remote node once and is relayed inside it."""
     from dcp.baselines.magi import staged_schedule
 
-    # a device's remote KV blocks in token order, as Magi groups them
-    return staged_schedule(cand.layout, cand.tiles, np.asarray(cand.home, dtype=np.int64),
-                           np.asarray(cand.tile_device, dtype=np.int64), cand.tiles.kv_tb.astype(np.int64), degree,
+    if order not in DIRECT_ORDERS:
+        raise ValueError(f"order must be one of {DIRECT_ORDERS}, got {order!r}")
+    home = np.asarray(cand.home, dtype=np.int64)
+    device = np.asarray(cand.tile_device, dtype=np.int64)
+    key = cand.tiles.kv_tb.astype(np.int64)
+    if order == "shifted":
+        key = (home[key] - device) % cluster.n_devices * cand.layout.n_token_blocks + key
+    return staged_schedule(cand.layout, cand.tiles, home, device, key, degree,
                            cluster.gpus_per_node if hierarchical else None)
 
 
 def direct_alternatives(cand: Candidate, spec, cluster, cost) -> tuple[tuple, tuple]:
     """Per direction, every direct schedule of ``cand``'s placement as an alternative ``(estimate s, label,
-    Schedule, device ends)``; the label, ``"direct<degree>"`` (``h`` appended: hierarchical), stands where
+    Schedule, device ends)``; the label, ``"<order><degree>"`` (``h`` appended: hierarchical), stands where
     dcp's alternatives have their stage count."""
     from dcp.cost.estimate import estimate_device_ends_s
     from dcp.schedule.stages import Schedule
 
     out: tuple[list, list] = ([], [])
-    for hierarchical in (False, True) if cluster.nodes > 1 else (False,):
-        for degree in DIRECT_DEGREES:
-            stage, routes = direct_schedule(cand, cluster, degree, hierarchical)
-            label = f"direct{degree}" + ("h" if hierarchical else "")
-            for i, direction in enumerate(DIRECTIONS):
-                sched = Schedule(direction, stage, routes)
-                ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device,
-                                              sched, cost)
-                out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
+    for order in DIRECT_ORDERS:
+        for hierarchical in (False, True) if cluster.nodes > 1 else (False,):
+            for degree in DIRECT_DEGREES:
+                stage, routes = direct_schedule(cand, cluster, degree, hierarchical, order)
+                label = f"{order}{degree}" + ("h" if hierarchical else "")
+                for i, direction in enumerate(DIRECTIONS):
+                    sched = Schedule(direction, stage, routes)
+                    ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home,
+                                                  cand.tile_device, sched, cost)
+                    out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
     return tuple(out[0]), tuple(out[1])
 
 
