@@ -74,6 +74,27 @@ def test_micro_csv_columns(results):
     assert dcp_row["dcp_partitioner"] == "greedy" and dcp_row["dcp_objective"] == "time"
 
 
+def test_micro_takes_a_profile_file_named_by_its_name(tmp_path):
+    # a sensitivity profile (the host keeps ahead) given as a JSON file: rows and CSVs carry its own name
+    import dataclasses
+
+    from dcp.cost import load_profile
+
+    raw = json.loads((ROOT / "dcp" / "cost" / "profiles" / "a100.json").read_text())
+    raw.update(name="a100_test_nohost", **{k: 0.0 for k in raw if k.startswith("host_")})
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(raw))
+    assert load_profile(str(path)) == dataclasses.replace(load_profile("a100"), name="a100_test_nohost").without_host()
+    cfg = micro.MicroConfig(datasets=("ldc",), scales=(1.0,), masks=("causal",), planners=("ring", "dcp"),
+                            profiles=(str(path),), batches=1, nodes=1, gpus_per_node=2, tokens=4096, tuned=False,
+                            dcp=DcpOptions(partitioner="greedy", block_size=256))
+    rows = micro.run_micro(cfg)
+    written = micro.write_results(rows, tmp_path)
+    assert [p.name for p in written] == ["micro_a100_test_nohost.csv", "micro_a100_test_nohost_summary.csv"]
+    got = read_csv(tmp_path / "micro_a100_test_nohost.csv")
+    assert {r["profile"] for r in got} == {"a100_test_nohost"} and {r["planner"] for r in got} == {"ring", "dcp"}
+
+
 def test_dcp_auto_never_slower_than_its_candidates(results):
     rows = read_csv(results / "micro_a100.csv") + read_csv(results / "megatron_mock.csv")
     autos = [r for r in rows if r["planner"] in ("dcp", "dcp_auto")]

@@ -154,7 +154,7 @@ def _cell_rows(cfg: MicroConfig, dataset: str, scale: float, mask_name: str, bi:
                      {n: (base_plans[n][0], base_sims[n]) for n in base_plans})
     for profile in cfg.profiles:
         cost = CostModel.named(profile)
-        common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+        common = dict(simulated=True, profile=cost.profile.name, machine=mach, revision=rev)
         for name in base_names:
             if name not in base_plans:
                 continue
@@ -309,7 +309,8 @@ def add_parser(sub) -> None:
     p.add_argument("--scales", default=",".join(f"{s:g}" for s in SCALES))
     p.add_argument("--masks", default=",".join(MASK_NAMES))
     p.add_argument("--planners", default=",".join(PLANNER_NAMES))
-    p.add_argument("--profiles", default="a100,h100", help="cost-model profiles, comma-separated")
+    p.add_argument("--profiles", default="a100,h100",
+                   help="cost-model profiles, comma-separated: bundled names or JSON files (dcp.cost.load_profile)")
     p.add_argument("--batches", type=int, default=3, help="batches per cell")
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--gpus-per-node", type=int, default=8)
@@ -340,12 +341,17 @@ def config_from_args(args) -> MicroConfig:
 
 
 def write_results(rows_by_profile: dict[str, list[dict]], out_dir, tag: str = "") -> list[Path]:
+    """``micro_<profile><tag>.csv`` and its summary per profile; a profile given as a JSON file is named by its
+    ``name`` field (a sensitivity profile, e.g. a bundled one with its host costs set to 0)."""
+    from dcp.cost import load_profile
+
     written = []
     for profile, rows in rows_by_profile.items():
         if not rows:
             continue
-        written.append(write_csv(Path(out_dir) / f"micro_{profile}{tag}.csv", rows))
-        written.append(write_csv(Path(out_dir) / f"micro_{profile}{tag}_summary.csv", summarize(rows)))
+        name = load_profile(profile).name if profile.endswith(".json") else profile
+        written.append(write_csv(Path(out_dir) / f"micro_{name}{tag}.csv", rows))
+        written.append(write_csv(Path(out_dir) / f"micro_{name}{tag}_summary.csv", summarize(rows)))
     return written
 
 
