@@ -89,7 +89,7 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
                          {"megatron_dyncp": (base["megatron_dyncp"][0], mega_sims)})
         for profile in cfg.profiles:
             cost = costs[profile]
-            common = dict(simulated=True, profile=profile, machine=mach, revision=rev)
+            common = dict(simulated=True, profile=cost.profile.name, machine=mach, revision=rev)
             first = len(rows)  # this batch's rows under this profile
             plan, warns = base["megatron_dyncp"]
             fwd, bwd = mega_sims[profile]
@@ -186,7 +186,8 @@ def add_parser(sub) -> None:
     p.add_argument("--clusters", default=",".join(f"{n}x{g}" for n, g in CLUSTERS), help="NODESxGPUS, ...")
     p.add_argument("--tokens-per-rank", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3)
-    p.add_argument("--profiles", default="a100,h100")
+    p.add_argument("--profiles", default="a100,h100",
+                   help="cost-model profiles, comma-separated: bundled names or JSON files (dcp.cost.load_profile)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-tuned", action="store_true",
                    help="skip megatron_dyncp at its best knobs and the best tuned baseline (dcp.bench.tuned)")
