@@ -113,6 +113,29 @@ def test_sliding_heavy_model_picks_a_placement_at_least_as_good_for_its_windows(
     assert both.meta["est_step_ms"] <= scored[alone.meta["search_chosen"]] + 1e-9
 
 
+def test_every_kinds_schedules_are_polished_by_simulation(monkeypatch):
+    """Each kind's schedules are re-chosen by simulation on the chosen placement (``dcp.planner.polish``): per
+    kind and direction the plan simulates no slower than the same placement left as the estimate chose."""
+    from dcp.cost import CostModel
+    from dcp.planner import layered
+    from dcp.sim import simulate_both
+
+    spec = layered_spec(layers={"full": 1, "sliding": 12}, dtype="bfloat16", lens=(6000, 1000, 600, 400))
+    cost = CostModel.named("a100")
+    cfg = dcp.PlannerConfig(block_size=256, cost_model=cost)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        polished = dcp.plan(spec, dcp.Cluster(2, 2), cfg, progress=False)
+        monkeypatch.setattr(layered, "polish", lambda best, *args: best)
+        as_chosen = dcp.plan(spec, dcp.Cluster(2, 2), cfg, progress=False)
+    assert polished.meta["layered_chosen"] == as_chosen.meta["layered_chosen"]
+    for kind in spec.kinds:
+        a, b = polished.kind(kind), as_chosen.kind(kind)
+        assert np.array_equal(a.home, b.home) and np.array_equal(a.tile_device, b.tile_device)
+        for got, was in zip(simulate_both(a, cost, record_events=False), simulate_both(b, cost, record_events=False)):
+            assert got.makespan_s <= was.makespan_s * (1 + 1e-9)
+
+
 def test_serialization_round_trips(plan):
     data = plan.to_bytes()
     back = LayeredPlan.from_bytes(data)

@@ -16,7 +16,9 @@ of the device with the most tokens once per layer (``SearchConfig.token_time_s``
    home (its blocks cut where a query block elsewhere needs only part of one, ``kind_layout``; a tile runs
    on its q block's home) and scored by the estimate; the best two (one when light) are rescheduled at
    every stage count; of those whose every kind keeps transient buffers within the budget, the few
-   estimated fastest are simulated (every kind) and the fastest simulated one wins.
+   estimated fastest are simulated (every kind) and the fastest simulated one wins;
+4. every kind's schedules are then re-chosen by simulation on that placement (``dcp.planner.polish``, its
+   direct schedules included), as a one-kind plan's are.
 
 Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
 """
@@ -35,6 +37,7 @@ from dcp.layout.tiles import enumerate_tiles
 from dcp.planner.budget import SIMULATE_WITHIN, _simulated_step_s, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
+from dcp.planner.polish import polish
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
@@ -100,6 +103,13 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     scored.sort(key=lambda s: s.step_s)
     scored = _widen_top(scored, lead, specs, spec, cluster, planner, WIDEN_TOP if heavy else 1)
     chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg, search.memo)
+    if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
+        # every kind's schedules re-chosen by simulation on the chosen placement, its direct ones too (the lead
+        # kind's search polished its own choice; a kind's programs are simulated and budgeted on their own)
+        i_of = {k: i for i, k in enumerate(spec.kinds)}
+        chosen = dataclasses.replace(chosen, per_kind=tuple(
+            polish(c, [s.per_kind[i_of[k]] for s in scored], specs[k], cluster, cfg.cost_model, search.budget)
+            for k, c in zip(spec.kinds, chosen.per_kind)))
     plans = []
     for k, cand in zip(spec.kinds, chosen.per_kind):
         own = search if k == lead else search._replace(cands=[s.per_kind[spec.kinds.index(k)] for s in scored],
