@@ -117,3 +117,23 @@ def test_hierarchical_crosses_each_node_once_and_stays_exact(tile_on_kv):
     out = routes.outputs
     assert (out[out[:, 3] // g != out[:, 4] // g][:, 4] == plan.home[out[out[:, 3] // g != out[:, 4] // g][:, 1]]).all()
     assert_matches_dense(plan, seed=5)
+
+
+@pytest.mark.parametrize("tile_on_kv", [False, True])
+def test_hierarchical_entries_beyond_every_used_device(tile_on_kv):
+    # a placement that uses only some GPUs of 2 x 8: a unit homed on GPU 2 enters node 1 through GPU 10, a GPU
+    # with no tile and no block, and its partials return through it; keys must still tell the units apart
+    # (they ran past the widest device used and mixed units up: found by dcp's direct schedules of a sparse
+    # placement)
+    spec = dcp.BatchSpec([256, 128], CausalMask(), 2, 1, 8, dtype="float64")
+    layout = dcp.layout.blocks.uniform_layout(spec, 128, None)
+    tiles = enumerate_tiles(spec, layout)
+    home = np.array([2, 9, 5])
+    tile_device = home[tiles.kv_tb if tile_on_kv else tiles.q_tb]
+    cluster = dcp.Cluster(2, 8)
+    stage, routes = direct_schedule(layout, tiles, home, tile_device, 1, 1, gpus_per_node=8)
+    # through the entry GPU: 10 for KV homed on GPU 2 read on GPU 9; 1 for Q homed on 9 read on 2
+    assert (routes.inputs[:, 4] == (1 if tile_on_kv else 10)).any()
+    plan = assemble(spec, cluster, layout, tiles, home, tile_device, stage, routes, "direct", 0.0)
+    validate(plan)
+    assert_matches_dense(plan, seed=5)

@@ -391,7 +391,11 @@ def direct_schedule(layout: BlockLayout, tiles: TileSet, home: np.ndarray, tile_
              1: np.broadcast_to(np.asarray(kv_round, dtype=np.int64), (n,))}
     ex = np.zeros((0, 4), dtype=np.int64) if extra_inputs is None else np.asarray(extra_inputs, np.int64).reshape(-1, 4)
     # keys (side, unit, device) need a width above every device that appears (homes, all-gather receivers)
+    # and, hierarchical, every entry GPU of their nodes (a whole node's devices: a placement may leave the
+    # last GPUs of the last node without tiles while one of them is the entry of a unit from elsewhere)
     width = max(int(dev.max(initial=0)), int(home.max(initial=0)), int(ex[:, 3].max(initial=0))) + 1
+    if gpus_per_node:
+        width = -(-width // int(gpus_per_node)) * int(gpus_per_node)
     n_units = layout.n_token_blocks * nhb
     key_of = lambda side, unit, d: (side * n_units + unit) * width + d  # noqa: E731
     # --- deliveries (side, unit, dst) at the earliest round asked
