@@ -106,11 +106,37 @@ class DCPPlanner(Planner):
         if cfg.search.objective == "time" and best.label in packings and cfg.search.refine_evaluations:
             best, memory_notes = self._refine(spec, cluster, best, cands, *packings[best.label][:2], budget, memo)
         if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
-            polished = polish(best, cands, spec, cluster, cfg.cost_model, budget)
+            polished = self._polish_finalists(spec, cluster, best, cands, budget, memo)
             if polished is not best:
                 cands.append(polished)
                 best = polished
         return Search(best, cands, tuple(notes), tuple(memory_notes), tuple(warm_names), tuple(skipped), budget, memo)
+
+    def _polish_finalists(self, spec: BatchSpec, cluster: Cluster, best: Candidate, cands: list[Candidate],
+                          budget: MemoryBudget, memo: dict) -> Candidate:
+        """``best`` with its schedules re-chosen by simulation (``dcp.planner.polish``), or the runner-up of the
+        simulated finalists (the fastest other one within the transient budget) so polished when that then
+        simulates faster: a placement whose own schedules the estimate served worse can gain more from its
+        direct schedules (micro grid, dcp only: 33 of 192 batches faster, none slower)."""
+        from dcp.planner.budget import _simulated_step_s, candidate_programs
+
+        cfg = self.config
+        polished = polish(best, cands, spec, cluster, cfg.cost_model, budget)
+        fits = lambda peak: budget.transient_bytes is None or peak <= budget.transient_bytes * (1 + 1e-9)  # noqa: E731
+        finalists = [got for got in memo.values() if got[1] is not None and got[2] is not best
+                     and got[2].label != best.label and fits(got[0][0])]
+        if not finalists:
+            return polished
+        runner = min(finalists, key=lambda got: got[1])[2]
+        other = polish(runner, cands, spec, cluster, cfg.cost_model, budget)
+        if other is runner:  # nothing faster for it: it already lost to best as simulated
+            return polished
+
+        def step(cand):
+            return _simulated_step_s(candidate_programs(cand, spec, cluster), cand, cfg.cost_model,
+                                     cfg.search.token_time_s)
+
+        return other if step(other) < step(polished) * (1 - 1e-9) else polished
 
     def assemble(self, spec: BatchSpec, cluster: Cluster, best: Candidate, search: "Search", started: float,
                  memory_notes: tuple[str, ...] | None = None) -> Plan:
