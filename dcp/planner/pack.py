@@ -164,11 +164,9 @@ def _cut_shares(work: np.ndarray, bounds: np.ndarray, owner: np.ndarray, members
     work = (1 - token_share) * work / max(float(work.sum()), 1e-300) + token_share / work.size
     cum = np.concatenate([[0.0], np.cumsum(work)])
     per_block = cum[bounds[1:]] - cum[bounds[:-1]]
-    mine = np.bincount(np.searchsorted(members, owner, sorter=np.argsort(members)), weights=per_block,
-                       minlength=members.size)
-    order = np.argsort(members)
+    order = np.argsort(members)  # owner -> its position among the sorted members, then back to members' order
     out = np.empty(members.size)
-    out[order] = mine
+    out[order] = np.bincount(np.searchsorted(members, owner, sorter=order), weights=per_block, minlength=members.size)
     return out / max(float(out.sum()), 1e-300)
 
 
