@@ -21,8 +21,9 @@ to any placement, at each degree of ``DIRECT_DEGREES``, with the remote blocks g
 ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit entering a remote node once. dcp's round builder (``dcp.schedule.stages``) relays units inside a node to save NIC
 bytes, at the price of a round and a relay's busy egress; where a placement's transfers are few and large
 (a packing's backward, whose dKV partials all leave after its last stage) straight transfers in fewer,
-longer stages are faster. They are simulated for the chosen placement only: estimating them for every
-widened candidate instead doubled the planning time for about a per cent in the micro grid's geomean.
+longer stages are faster. They are simulated only for the chosen placement and the runner-up of the
+simulated finalists (``DCPPlanner._polish_finalists``): estimating them for every widened candidate
+instead doubled the planning time for about a per cent in the micro grid's geomean.
 """
 from __future__ import annotations
 
@@ -40,8 +41,6 @@ DIRECT_DEGREES = (1, 2, 3, 4)
 DIRECT_WITHIN = 0.1
 #: per direction, the fastest simulated schedules whose pairs are checked against the transient budget
 POLISH_PAIRS = 3
-
-
 #: the orders in which a device's remote KV blocks are cut into overlap groups: "direct", in token order (as
 #: Magi groups them); "shifted", by the ring distance from the device to the block's home first, so that in
 #: each round the devices read from different homes (the shifted all-to-all: no home serves many at once)
