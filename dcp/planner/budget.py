@@ -41,6 +41,10 @@ class MemoryBudget:
             transient = cfg.transient_budget * tokens * per_token
         return cls(tokens, transient, cfg.strict_memory)
 
+    def fits_transient(self, peak_bytes: float) -> bool:
+        """Whether a plan whose busiest device holds ``peak_bytes`` of transient buffers is within the budget."""
+        return self.transient_bytes is None or peak_bytes <= self.transient_bytes * (1 + 1e-9)
+
 
 def device_tokens(cand, n_devices: int) -> np.ndarray:
     """Resident tokens per device of a candidate."""
@@ -114,7 +118,7 @@ def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_
             sim = _simulated_step_s(plan, cand, cost, token_time_s) if close and simulate_top > 1 else None
             memo[id(cand)] = got = ((peak, dev), sim, cand)
         (peak, dev), sim = got[0], got[1]
-        if budget.transient_bytes is not None and peak > budget.transient_bytes * (1 + 1e-9):
+        if not budget.fits_transient(peak):
             checked.append((peak, dev, cand))
             continue
         fits.append((sim if sim is not None else float("inf"), i, cand))

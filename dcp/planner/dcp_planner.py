@@ -122,9 +122,8 @@ class DCPPlanner(Planner):
 
         cfg = self.config
         polished = polish(best, cands, spec, cluster, cfg.cost_model, budget)
-        fits = lambda peak: budget.transient_bytes is None or peak <= budget.transient_bytes * (1 + 1e-9)  # noqa: E731
         finalists = [got for got in memo.values() if got[1] is not None and got[2] is not best
-                     and got[2].label != best.label and fits(got[0][0])]
+                     and got[2].label != best.label and budget.fits_transient(got[0][0])]
         if not finalists:
             return polished
         runner = min(finalists, key=lambda got: got[1])[2]

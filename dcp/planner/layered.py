@@ -106,10 +106,9 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
     if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
         # every kind's schedules re-chosen by simulation on the chosen placement, its direct ones too (the lead
         # kind's search polished its own choice; a kind's programs are simulated and budgeted on their own)
-        i_of = {k: i for i, k in enumerate(spec.kinds)}
         chosen = dataclasses.replace(chosen, per_kind=tuple(
-            polish(c, [s.per_kind[i_of[k]] for s in scored], specs[k], cluster, cfg.cost_model, search.budget)
-            for k, c in zip(spec.kinds, chosen.per_kind)))
+            polish(c, [s.per_kind[i] for s in scored], specs[k], cluster, cfg.cost_model, search.budget)
+            for i, (k, c) in enumerate(zip(spec.kinds, chosen.per_kind))))
     plans = []
     for k, cand in zip(spec.kinds, chosen.per_kind):
         own = search if k == lead else search._replace(cands=[s.per_kind[spec.kinds.index(k)] for s in scored],

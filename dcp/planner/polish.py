@@ -18,12 +18,13 @@ The placement's *direct* schedules compete too (``direct_schedule``): every inpu
 and every partial straight home, the remote work in ``degree`` groups that each hide behind the previous
 stage -- the schedule Magi runs its own placements with (``dcp.baselines.magi.staged_schedule``), applied
 to any placement, at each degree of ``DIRECT_DEGREES``, with the remote blocks grouped in token order or
-ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit entering a remote node once. dcp's round builder (``dcp.schedule.stages``) relays units inside a node to save NIC
-bytes, at the price of a round and a relay's busy egress; where a placement's transfers are few and large
-(a packing's backward, whose dKV partials all leave after its last stage) straight transfers in fewer,
-longer stages are faster. They are simulated only for the chosen placement and the runner-up of the
-simulated finalists (``DCPPlanner._polish_finalists``): estimating them for every widened candidate
-instead doubled the planning time for about a per cent in the micro grid's geomean.
+ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit entering a remote node once. dcp's
+round builder (``dcp.schedule.stages``) relays units inside a node to save NIC bytes, at the price of a
+round and a relay's busy egress; where a placement's transfers are few and large (a packing's backward,
+whose dKV partials all leave after its last stage) straight transfers in fewer, longer stages are faster.
+They are simulated only for the chosen placement and the runner-up of the simulated finalists
+(``DCPPlanner._polish_finalists``): estimating them for every widened candidate instead doubled the
+planning time for about a per cent in the micro grid's geomean.
 """
 from __future__ import annotations
 
@@ -116,8 +117,11 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
     alts = placement_alternatives(best, cands)
     # and the direct schedules estimated within DIRECT_WITHIN of the direction's fastest estimate (simulating
     # all of them cost a large plan a third of a second)
-    alts = tuple(per + tuple(d for d in direct if d[0] <= min(a[0] for a in per + direct) * (1 + DIRECT_WITHIN))
-                 for per, direct in zip(alts, direct_alternatives(best, spec, cluster, cost)))
+    widened = []
+    for per, direct in zip(alts, direct_alternatives(best, spec, cluster, cost)):
+        limit = min(a[0] for a in per + direct) * (1 + DIRECT_WITHIN)
+        widened.append(per + tuple(d for d in direct if d[0] <= limit))
+    alts = tuple(widened)
     home32 = np.asarray(best.home, dtype=np.int32)
     device32 = np.asarray(best.tile_device, dtype=np.int32)
     programs = {(d, a[1]): None for d, per in zip(DIRECTIONS, alts) for a in per}
@@ -148,8 +152,8 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
     for _, changed, fwd, bwd in pairs:
         if not changed:
             return best
-        if budget.transient_bytes is None or \
-                int(plan_transient(plan_of(fwd, bwd)).max(initial=0)) <= budget.transient_bytes * (1 + 1e-9):
+        # (no transient budget: nothing to measure)
+        if budget.transient_bytes is None or budget.fits_transient(plan_transient(plan_of(fwd, bwd)).max(initial=0)):
             break
     else:
         return best
