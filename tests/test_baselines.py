@@ -279,18 +279,20 @@ def test_te_inter_node_ring_and_fallback():
     assert plan.notes and "fell back" in plan.notes[0] and plan.layout.n_head_blocks == 1
 
 
-def test_te_warm_points_add_the_half_node_all_to_all():
+def test_te_warm_points_add_every_smaller_all_to_all_down_to_two_gpus():
     spec = _spec([64, 9], CausalMask())  # 8 query / 2 KV heads unless given
     te = TEA2AP2PPlanner(shards=False)
-    assert te.warm_points(spec, Cluster(4, 8), 1e9) == (te, TEA2AP2PPlanner(False, 4))
+    assert te.warm_points(spec, Cluster(4, 8), 1e9) == (te, TEA2AP2PPlanner(False, 4), TEA2AP2PPlanner(False, 2))
     assert te.warm_points(spec, Cluster(2, 4), 1e9) == (te, TEA2AP2PPlanner(False, 2))
     assert te.warm_points(spec, Cluster(2, 2), 1e9) == (te,)  # half a node would be one GPU: a plain ring
     set_hp = TEA2AP2PPlanner(False, 2)
     assert set_hp.warm_points(spec, Cluster(4, 8), 1e9) == (set_hp,)
     odd = _spec([64, 9], CausalMask(), heads=6, kv_heads=3)  # no all-to-all over 4 (it falls back to a ring)
     assert te.warm_points(odd, Cluster(2, 4), 1e9) == (te,)
-    for point in te.warm_points(spec, Cluster(2, 4), 1e9):
-        validate(point.plan(spec, Cluster(2, 4)))
+    six = _spec([64, 9], CausalMask(), heads=6, kv_heads=6)  # 6 GPUs a node: half is 3, a quarter no divisor
+    assert te.warm_points(six, Cluster(2, 6), 1e9) == (te, TEA2AP2PPlanner(False, 3))
+    for point in te.warm_points(spec, Cluster(2, 8), 1e9):
+        validate(point.plan(spec, Cluster(2, 8)))
 
 
 def test_loongtrain_degrees_and_double_ring():
