@@ -30,9 +30,10 @@ def random_rounds(rng):
     n_merges = rng.integers(0, 3, (n, n_rounds + 1)).astype(float)
     red = n_merges * rng.uniform(1e-6, 1e-5, (n, n_rounds + 1))
     t0, host0 = rng.uniform(0, 1e-4, n), rng.uniform(0, 1e-4, n)
-    hc = HostCosts(*(rng.uniform(0, 5e-5, 6) * (rng.random() < 0.8)))
+    hc = HostCosts(*(rng.uniform(0, 5e-5, 7) * (rng.random() < 0.8)))
+    merge_host = hc.reduce * n_merges + hc.reduce_step * (n_merges > 0)  # host seconds, as estimate_device_ends_s
     round_over = float(rng.choice([0.0, 1e-5]))
-    return (round_, src, dst, nbytes, comp, red, n_merges, t0, host0, hc, round_over, 2e-6, 150e9,
+    return (round_, src, dst, nbytes, comp, red, merge_host, t0, host0, hc, round_over, 2e-6, 150e9,
             float(rng.choice([25e9, 50e9])), gpn, per_nic)
 
 
@@ -58,8 +59,8 @@ def test_native_matches_reference_with_many_rounds(seed):
     assert (n_rounds + 1) * n * n > max(4 * m, 1 << 16)
     comp = rng.uniform(1e-5, 1e-3, (n, 5))
     n_merges = rng.integers(0, 2, (n, n_rounds + 1)).astype(float)
-    args = (round_, src, dst, rng.choice([4096.0, 3e6], m), comp, n_merges * 3e-6, n_merges, np.zeros(n),
-            np.zeros(n), HostCosts(*([1e-5] * 6)), 1e-5, 2e-6, 150e9, 25e9, 8, 8)
+    args = (round_, src, dst, rng.choice([4096.0, 3e6], m), comp, n_merges * 3e-6, n_merges * 1e-5, np.zeros(n),
+            np.zeros(n), HostCosts(*([1e-5] * 7)), 1e-5, 2e-6, 150e9, 25e9, 8, 8)
     np.testing.assert_allclose(E.rounds_end_s(*args), E.rounds_end_s_reference(*args), rtol=1e-12, atol=0)
 
 

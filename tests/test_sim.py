@@ -263,6 +263,26 @@ def test_pinned_two_device_backward_by_hand():
     assert res.makespan_s > fwd.makespan_s
 
 
+def test_merges_charge_sums_once_per_layer_and_o_merges_once_per_unit():
+    """``CostModel.merges_s`` against hand-computed times: a round's dQ/dKV sums run as one grouped add per
+    layer (``torch._foreach_add_`` in the executor), so they pay the kernel's fixed cost once per layer,
+    as many as the most partials one unit receives, on the step's first sum; an O merge pays it per unit."""
+    cost = CostModel.named("h100")
+    over = float(cost.memory_bound_s(0.0))
+    bw = cost.profile.hbm_gbps * 1e9
+    assert over > 0
+    #          step 0: two sums (1 and 3 partials) and an O merge; step 1: one sum of 2 partials
+    step, is_sum, n_src = np.array([0, 0, 0, 1]), np.array([True, True, False, True]), np.array([1, 3, 2, 2])
+    ub = np.array([1e6, 2e6, 4e6, 1e6])
+    got = cost.merges_s(step, is_sum, n_src, ub)
+    want = [3 * 1e6 / bw + 3 * over, 5 * 2e6 / bw, over + 4 * 4e6 / bw, 4 * 1e6 / bw + 2 * over]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    # the old charge, per unit, for comparison: the grouped sums cost less once a step sums many units
+    many = cost.merges_s(np.zeros(100, np.int64), np.ones(100, bool), np.ones(100, np.int64), np.full(100, 1e5))
+    assert many.sum() == pytest.approx(over + 100 * 3e5 / bw, rel=1e-12)
+    assert many.sum() < float(np.sum(cost.memory_bound_s(np.full(100, 3e5)))) / 5
+
+
 def test_shared_nic_halves_rate_in_a_plan():
     # 2 nodes x 2 GPUs: devices 0 and 1 both send one KV block to node 1 in round 1 through node 0's NIC
     spec = dcp.BatchSpec([512, 512], M.FullMask(), 4, 4, 64)

@@ -25,7 +25,7 @@ from dcp.sim import simulate, simulate_both
 from dcp.sim.reference import simulate_reference
 
 HOST = dict(host_program_us=30.0, host_launch_us=20.0, host_message_us=10.0, host_wait_us=15.0,
-            host_compute_us=25.0, host_reduce_us=7.0)
+            host_compute_us=25.0, host_reduce_us=7.0, host_reduce_step_us=12.0)
 # the bundled h100 profile with a free host (its own host_* come from this machine's fit)
 H100 = load_profile("h100").without_host()
 
@@ -60,7 +60,9 @@ def host_issue_s(plan, direction: str, cost: CostModel) -> np.ndarray:
             total[d] += hc.program
         if direction == "backward" and delta[d]:
             total[d] += hc.compute
+        prev = None
         for ins in p.instructions:
+            first_merge, prev = isinstance(ins, Reduce) and not isinstance(prev, Reduce), ins
             msgs = sum(1 for m in moving if m[0] == d and m[1] == getattr(ins, "round", -1))
             if isinstance(ins, CommLaunch) and msgs:
                 total[d] += hc.launch + hc.message * msgs
@@ -68,8 +70,8 @@ def host_issue_s(plan, direction: str, cost: CostModel) -> np.ndarray:
                 total[d] += hc.wait
             elif isinstance(ins, Compute) and len(ins.tiles):
                 total[d] += hc.compute
-            elif isinstance(ins, Reduce):
-                total[d] += hc.reduce
+            elif isinstance(ins, Reduce):  # per unit, and per round's run of merges (the executor's step)
+                total[d] += hc.reduce + (hc.reduce_step if first_merge else 0.0)
     return total
 
 
@@ -214,16 +216,17 @@ def _device_rows(true: dict, rng, n: int = 40, noise: float = 0.0) -> list[dict]
     rows = []
     for d in range(n):
         rounds, computes, reduces = int(rng.integers(1, 9)), int(rng.integers(1, 8)), int(rng.integers(0, 30))
+        steps = min(reduces, int(rng.integers(1, 6)))  # rounds with merges
         msgs = rounds * int(rng.integers(1, 6)) + int(rng.integers(0, 4))
         jitter = lambda: 1 + noise * rng.standard_normal()  # noqa: E731
         rows.append(dict(case="synthetic", direction="forward", device=d, n_launch=8, n_wait=8, n_compute=computes,
-                         n_reduce=reduces, n_moving_rounds=rounds, n_messages=msgs,
+                         n_reduce=reduces, n_reduce_steps=steps, n_moving_rounds=rounds, n_messages=msgs,
                          setup_us=0.6 * true["host_program_us"] * jitter(),
                          finish_us=0.4 * true["host_program_us"] * jitter(),
                          launch_us=(true["host_launch_us"] * rounds + 0.7 * true["host_message_us"] * msgs) * jitter(),
                          wait_us=(true["host_wait_us"] * rounds + 0.3 * true["host_message_us"] * msgs) * jitter(),
                          compute_us=true["host_compute_us"] * computes * jitter(),
-                         reduce_us=true["host_reduce_us"] * reduces * jitter()))
+                         reduce_us=(true["host_reduce_us"] * reduces + true["host_reduce_step_us"] * steps) * jitter()))
     return rows
 
 
@@ -264,3 +267,15 @@ def test_overhead_quick_writes_devices_and_fit(tmp_path):
     out = tmp_path / "refit"
     assert main(["bench", "overhead", "--fit", str(tmp_path / "overhead_devices_cpu.csv"), "--out-dir", str(out)]) == 0
     assert json.loads((out / "host_fit_cpu.json").read_text())["fields"] == fit["fields"]
+    import csv
+
+    from dcp.bench.overhead import QUICK_CASE, case_plan
+    from dcp.execute.tables import plan_tables
+
+    rows = list(csv.DictReader(open(tmp_path / "overhead_devices_cpu.csv")))
+    index = plan_tables(case_plan(QUICK_CASE)).plan.index
+    for r in rows:  # a reduce step: a run of consecutive Reduce instructions (one round's merges)
+        ops = [op[0] for op in index(r["direction"]).stream(int(r["device"]))]
+        runs = sum(1 for i, c in enumerate(ops) if c == "reduce" and (i == 0 or ops[i - 1] != "reduce"))
+        assert int(r["n_reduce_steps"]) == runs <= int(r["n_reduce"])
+    assert any(int(r["n_reduce_steps"]) > 0 for r in rows)

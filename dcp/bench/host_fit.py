@@ -5,7 +5,8 @@ transport, and writes one row per (case, direction, device) to ``overhead_device
 device's instruction counts (``n_launch``, ``n_wait``, ``n_compute``, ``n_reduce``, ``n_moving_rounds``,
 ``n_messages``) and the CPU microseconds of each item. The simulator charges a device's host
 
-    program + Σ_rounds that move (launch + message × messages + wait) + compute × computes + reduce × reduces
+    program + Σ_rounds that move (launch + message × messages + wait) + compute × computes
+            + reduce × reduces + reduce_step × rounds with reduces
 
 (``dcp.sim.streams.host_tables``), so the fit is per item, by least squares through the origin over every
 device of every case and both directions, coefficients kept >= 0:
@@ -13,7 +14,10 @@ device of every case and both directions, coefficients kept >= 0:
 - ``launch_us ≈ host_launch_us × n_moving_rounds + a × n_messages`` and
   ``wait_us ≈ host_wait_us × n_moving_rounds + b × n_messages``; ``host_message_us = a + b`` (the model
   charges a message once, with its launch);
-- ``compute_us ≈ host_compute_us × n_compute``; ``reduce_us ≈ host_reduce_us × n_reduce``;
+- ``compute_us ≈ host_compute_us × n_compute``;
+- ``reduce_us ≈ host_reduce_us × n_reduce + host_reduce_step_us × n_reduce_steps``: the executor merges a
+  round's partials as one step (its views made in one batch, one grouped sum per layer), so a step costs
+  about the same whether it merges two units or two hundred, and each unit adds a little;
 - ``host_program_us``: the median over devices of ``setup_us + finish_us``.
 
 A launch or wait of a round in which the device moves nothing costs the executor a little too; the model
@@ -29,7 +33,7 @@ import statistics
 import numpy as np
 
 ITEM_COLUMNS = {"launch": ("n_moving_rounds", "n_messages"), "wait": ("n_moving_rounds", "n_messages"),
-                "compute": ("n_compute",), "reduce": ("n_reduce",)}
+                "compute": ("n_compute",), "reduce": ("n_reduce", "n_reduce_steps")}
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -88,7 +92,8 @@ def fit_host_costs(rows: list[dict]) -> dict:
     quality["step"] = {"median_rel_error": round(float(np.median(err)), 3), "worst_rel_error": round(float(err.max()), 3)}
     fields = {"host_program_us": program, "host_launch_us": coef["launch"][0],
               "host_message_us": coef["launch"][1] + coef["wait"][1], "host_wait_us": coef["wait"][0],
-              "host_compute_us": coef["compute"][0], "host_reduce_us": coef["reduce"][0]}
+              "host_compute_us": coef["compute"][0], "host_reduce_us": coef["reduce"][0],
+              "host_reduce_step_us": coef["reduce"][1]}
     return {"fields": {k: round(float(v), 2) for k, v in fields.items()}, "quality": quality,
             "devices": int(busy.sum())}
 

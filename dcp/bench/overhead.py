@@ -25,7 +25,8 @@ Per (case, direction) and item, over every device (each device the median of ``-
   step time / all instructions.
 
 A reduce *step* merges all the partials that arrived in one round (one grouped sum per layer), so a
-``reduce`` row's count (the plan's Reduce instructions) can exceed the steps that ran them.
+``reduce`` row's count (the plan's Reduce instructions) can exceed the steps that ran them (the per-device
+CSV counts both: ``n_reduce`` and ``n_reduce_steps``).
 
 Columns ``us_median`` (median over devices) and ``us_worst`` (the slowest device, ``worst_device``); the
 targets (``target_us``: 1 ms per step, 15 us per instruction, 30 ms of preparation per rank for both
@@ -55,7 +56,7 @@ from dcp.bench.common import DEFAULT_OUT, DcpOptions, dcp_config, fmt_table, git
 ITEMS = ("setup", "launch", "wait", "compute", "reduce", "finish")
 KINDS = ("launch", "wait", "compute", "reduce")
 #: per device and direction: the instructions of each kind, and what the host model counts besides
-COUNTS = KINDS + ("moving_rounds", "messages")
+COUNTS = KINDS + ("moving_rounds", "messages", "reduce_steps")
 TARGET_STEP_US = 1000.0
 TARGET_INSTRUCTION_US = 15.0
 TARGET_PREPARE_US = 30000.0
@@ -109,14 +110,18 @@ def case_plan(case: OverheadCase):
 def ir_counts(plan, direction: str, device: int) -> dict[str, int]:
     """The plan's instructions of each kind on ``device`` (its canonical stream, ``dcp.ir.program``; of the
     plan the executors run: a grouped plan's expansion over its pieces), and what the simulator's host model
-    counts (``GPUProfile.host_*``): ``moving_rounds`` (rounds in which the device sends or receives) and
-    ``messages`` (per round, the peers it sends to plus the peers it receives from)."""
+    counts (``GPUProfile.host_*``): ``moving_rounds`` (rounds in which the device sends or receives),
+    ``messages`` (per round, the peers it sends to plus the peers it receives from) and ``reduce_steps``
+    (runs of consecutive Reduce instructions: the executor merges each run as one step)."""
     from dcp.execute.tables import plan_tables
     from dcp.ir.program import DST, SRC
 
     counts = dict.fromkeys(COUNTS, 0)
+    prev = None
     for op in plan_tables(plan).plan.index(direction).stream(device):
         counts[op[0]] += 1
+        counts["reduce_steps"] += op[0] == "reduce" and prev != "reduce"
+        prev = op[0]
         if op[0] == "launch":
             sends, recvs = op[2], op[3]
             peers = np.unique(sends[:, DST]).size + np.unique(recvs[:, SRC]).size
@@ -428,8 +433,13 @@ def _write_fit(rows: list[dict], out_dir: Path, source: str) -> int:
         print(f"cannot fit host costs: {err}", file=sys.stderr)
         return 2
     first = rows[0]
+    load = first.get("load_avg_1m", "")
+    try:  # a number, whether the rows were measured here or read back from a CSV
+        load = float(load)
+    except (TypeError, ValueError):
+        pass
     fit.update(source=source, cases=sorted({r["case"] for r in rows}), machine=first.get("machine", ""),
-               revision=first.get("revision", ""), load_avg_1m=first.get("load_avg_1m", ""),
+               revision=first.get("revision", ""), load_avg_1m=load,
                time_measure="thread CPU time, meta tensors, no-op kernels and transport")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FIT_NAME

@@ -3,7 +3,7 @@
 The planner compares many candidate placements and schedules; the discrete-event simulator
 (``dcp.sim.simulate``, ~0.1 s per direction) is too slow for that, so this estimate follows the same
 program structure (``dcp.schedule.build``: per round r, launch r, compute stage r−1, wait r, merge what arrived)
-and the same cost rules (``CostModel.fused_call_s`` per stage, ``memory_bound_s`` per merge, the
+and the same cost rules (``CostModel.fused_call_s`` per stage, ``merges_s`` for the merges, the
 backward's delta first), round by round: ``rounds_end_s_reference`` in numpy, vectorized over devices,
 and the same loop in C++ (``dcp._C.estimate_rounds``), which the planner uses when the extension is
 built. Only the network is simplified: a round's flows (coalesced per sender and receiver, as the
@@ -80,7 +80,7 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
     per_token = np.array([bpt[Kind(k)] for k in range(len(Kind))], dtype=np.int64)
     nbytes = per_token[kind] * layout.tb_len[tr[:, 1]] if tr.size else np.zeros(0)
     n_rounds = int(tr[:, 5].max()) if tr.size else 0
-    # merges per (receiver, round, unit): one memory-bound kernel over (2 + sources) units
+    # merges per (receiver, round, unit) over (2 + sources) units (``CostModel.merges_s``)
     red = np.zeros((n, n_rounds + 1))
     n_merges = np.zeros((n, n_rounds + 1))
     if outs.size:
@@ -90,10 +90,13 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
             + o[:, 1] * layout.n_head_blocks + o[:, 2]
         uk, first, cnt = np.unique(ukey, return_index=True, return_counts=True)
         ub = per_token[okind[first]] * layout.tb_len[o[first, 1]]
-        np.add.at(red, (o[first, 4], o[first, 5]), cost.memory_bound_s((2 + cnt) * ub))
+        step = o[first, 4] * (n_rounds + 1) + o[first, 5]
+        np.add.at(red, (o[first, 4], o[first, 5]), cost.merges_s(step, okind[first] != int(Kind.O), cnt, ub))
         np.add.at(n_merges, (o[first, 4], o[first, 5]), 1)
     t0 = np.full(n, p.program_overhead_us * 1e-6)
     hc = cost.host_s()
+    # the host's merge time per (receiver, round): per unit and per step (the C++ loop multiplies it by 1)
+    merge_host = hc.reduce * n_merges + hc.reduce_step * (n_merges > 0)
     host0 = np.full(n, hc.program)  # when each device's host has issued its last instruction (GPUProfile.host_*)
     if direction == "backward":
         tokens = np.bincount(home, weights=layout.tb_len, minlength=n)
@@ -102,31 +105,31 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
         host0 = host0 + np.where(has, hc.compute, 0.0)
         t0 = t0 + np.where(has, host0 + cost.memory_bound_s(tokens * per_tok), 0.0)
     per_nic, _, nic = cost.nic_layout(gpn, cluster.nodes)
-    args = (tr[:, 5], tr[:, 3], tr[:, 4], np.asarray(nbytes, np.float64), comp, red, n_merges, t0, host0, hc,
+    args = (tr[:, 5], tr[:, 3], tr[:, 4], np.asarray(nbytes, np.float64), comp, red, merge_host, t0, host0, hc,
             p.round_overhead_us * 1e-6, p.link_latency_us * 1e-6, p.nvlink_gbps * 1e9, nic, gpn, per_nic)
     return rounds_end_s(*args) if _NATIVE else rounds_end_s_reference(*args)
 
 
-def rounds_end_s(round_, src, dst, nbytes, comp, red, n_merges, t0, host0, hc, round_over, latency, port, nic,
+def rounds_end_s(round_, src, dst, nbytes, comp, red, merge_host, t0, host0, hc, round_over, latency, port, nic,
                  gpus_per_node, per_nic) -> np.ndarray:
     """``rounds_end_s_reference`` in C++ (``dcp._C.estimate_rounds``, csrc/estimate.cpp): the same times."""
     import torch
 
     i64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))  # noqa: E731
     f64 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))  # noqa: E731
-    return _C.estimate_rounds(i64(round_), i64(src), i64(dst), f64(nbytes), f64(comp), f64(red), f64(n_merges),
-                              f64(t0), f64(host0), [hc.launch, hc.message, hc.wait, hc.compute, hc.reduce],
+    return _C.estimate_rounds(i64(round_), i64(src), i64(dst), f64(nbytes), f64(comp), f64(red), f64(merge_host),
+                              f64(t0), f64(host0), [hc.launch, hc.message, hc.wait, hc.compute, 1.0],
                               float(round_over), float(latency), float(port), float(nic), int(gpus_per_node),
                               int(per_nic)).numpy()
 
 
-def rounds_end_s_reference(round_, src, dst, nbytes, comp, red, n_merges, t0, host0, hc, round_over, latency, port,
+def rounds_end_s_reference(round_, src, dst, nbytes, comp, red, merge_host, t0, host0, hc, round_over, latency, port,
                            nic, gpus_per_node, per_nic) -> np.ndarray:
     """float ``[n_devices]``: when each device's stream ends, round by round (module docstring).
 
     ``round_``/``src``/``dst``/``nbytes``: one entry per transfer (coalesced here per round, sender and
-    receiver); ``comp`` ``[n, n_stages]`` stage compute seconds; ``red``/``n_merges`` ``[n, n_rounds + 1]``
-    merge seconds and counts per (receiver, round); ``t0``/``host0`` ``[n]`` when stream and host start;
+    receiver); ``comp`` ``[n, n_stages]`` stage compute seconds; ``red``/``merge_host`` ``[n, n_rounds + 1]``
+    the merges' device and host seconds per (receiver, round) (host time > 0 marks a round with merges); ``t0``/``host0`` ``[n]`` when stream and host start;
     ``hc``: ``HostCosts``; ``port``/``nic`` in bytes/s, ``per_nic`` GPUs share a NIC."""
     n, gpn = t0.size, gpus_per_node
     n_rounds, n_stages = red.shape[1] - 1, comp.shape[1]
@@ -170,7 +173,7 @@ def rounds_end_s_reference(round_, src, dst, nbytes, comp, red, n_merges, t0, ho
                 np.maximum.at(done, src_s, fin)
                 np.maximum.at(done, dst_s, fin)
                 t = np.maximum(t, done)  # both ends wait for every flow of the round
-            m = n_merges[:, r] > 0
-            host = host + hc.reduce * n_merges[:, r]
+            m = merge_host[:, r] > 0
+            host = host + merge_host[:, r]
             t = np.where(m, np.maximum(t, host), t) + red[:, r]
     return t

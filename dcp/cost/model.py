@@ -70,6 +70,9 @@ class GPUProfile:
     """host time per ``Compute`` (tables, argument checks, the kernel launch)."""
     host_reduce_us: float = 0.0
     """host time per ``Reduce`` (merged unit); a round's merges are issued together, then run."""
+    host_reduce_step_us: float = 0.0
+    """host time per round in which the device merges anything (the executor's reduce step: its views
+    made in one batch, one grouped sum per layer), on top of ``host_reduce_us`` per unit."""
     nics_per_node: int | None = None
     """NICs a node's inter-node bandwidth is split over, each reached only by its own GPUs (GPU g of a
     node uses NIC ``g // ceil(gpus_per_node / nics_per_node)``; p4d: 4 NICs, 2 GPUs each); None: one pool
@@ -89,7 +92,7 @@ class GPUProfile:
 
 #: the host costs of an asynchronous device, in the order ``CostModel.host_s`` returns them
 HOST_FIELDS = ("host_program_us", "host_launch_us", "host_message_us", "host_wait_us", "host_compute_us",
-               "host_reduce_us")
+               "host_reduce_us", "host_reduce_step_us")
 
 
 def available_profiles() -> list[str]:
@@ -299,13 +302,35 @@ class CostModel:
         over = p.kernel_overhead_us if p.memory_overhead_us is None else p.memory_overhead_us
         return over * 1e-6 + np.asarray(nbytes, float) / (p.hbm_gbps * 1e9)
 
+    def merges_s(self, step: np.ndarray, is_sum: np.ndarray, n_sources: np.ndarray, unit_nbytes: np.ndarray) -> np.ndarray:
+        """Seconds of each merge of a device's rounds, in the order given: ``step`` (int, one id per (device,
+        round)), ``is_sum`` (dQ/dK/dV partials, summed; else O/LSE, log-sum-exp merged), the partials each
+        merge receives and one unit's bytes. A merge streams ``(2 + n_sources) * unit_nbytes`` (the
+        accumulator read and written, each partial read). The executor runs a step's O merges one kernel
+        each, but its sums as one grouped add per layer (``torch._foreach_add_``: layer k adds every unit's
+        k-th partial), so a step's sums pay ``memory_bound_s``'s fixed cost once per layer -- as many as the
+        most partials any of them receives -- charged to the step's first sum, not once per unit."""
+        step = np.asarray(step, np.int64)
+        is_sum = np.asarray(is_sum, bool)
+        n_sources = np.asarray(n_sources, np.int64)
+        nbytes = (2 + n_sources) * np.asarray(unit_nbytes, float)
+        out = np.where(is_sum, nbytes / (self.profile.hbm_gbps * 1e9), self.memory_bound_s(nbytes)).astype(float)
+        idx = np.flatnonzero(is_sum)
+        if idx.size:
+            ustep, first, inv = np.unique(step[idx], return_index=True, return_inverse=True)
+            layers = np.zeros(ustep.size, np.int64)
+            np.maximum.at(layers, inv, n_sources[idx])
+            out[idx[first]] += layers * float(self.memory_bound_s(0.0))  # the fixed cost alone
+        return out
+
     def host_s(self) -> "HostCosts":
         """The profile's ``host_*`` fields in seconds."""
         return HostCosts(*(getattr(self.profile, name) * 1e-6 for name in HOST_FIELDS))
 
 
 class HostCosts(NamedTuple):
-    """Seconds of host time per program, launch, message, wait, compute and reduce (``GPUProfile.host_*``)."""
+    """Seconds of host time per program, launch, message, wait, compute, reduce (merged unit) and reduce
+    step (round with merges) (``GPUProfile.host_*``)."""
 
     program: float
     launch: float
@@ -313,6 +338,7 @@ class HostCosts(NamedTuple):
     wait: float
     compute: float
     reduce: float
+    reduce_step: float
 
     @property
     def any(self) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 from dcp.cost import CostModel
 from dcp.ir.instructions import CommLaunch, CommWait, Compute, Reduce
 from dcp.ir.plan import Plan
-from dcp.layout.units import bytes_per_token
+from dcp.layout.units import Kind, bytes_per_token
 from dcp.sim.events import DIRECTIONS, SimEvent, SimResult, _resources
 from dcp.sim.network import FluidNetwork
 from dcp.sim.simulator import _delta_s, ideal_time_s
@@ -96,7 +96,7 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
     wait_s = np.zeros(n_dev)
     events: list[SimEvent] = []
     compute_cache: dict[int, float] = {}
-    merge_cache: dict[int, float] = {}
+    merge_durs: dict[tuple[int, int], float] = {}  # (device, instruction index) -> seconds, per run of merges
 
     round_over = prof.round_overhead_us * 1e-6
     # an asynchronous device's host issues its instructions in order (GPUProfile.host_*): host[d] is when it
@@ -186,16 +186,18 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                     pc[d] += 1
                     return
             elif isinstance(ins, Reduce):
-                nbytes = (2 + len(ins.sources)) * bpt[int(ins.unit.kind)] * tb_len[ins.unit.tb]
-                dur = merge_cache.get(nbytes)
-                if dur is None:
-                    dur = merge_cache[nbytes] = float(cost.memory_bound_s(nbytes))
                 if pc[d] == 0 or not isinstance(ins_list[pc[d] - 1], Reduce):  # the round's merges, issued together
                     j = pc[d]
                     while j < len(ins_list) and isinstance(ins_list[j], Reduce):
                         j += 1
-                    host[d] += hc.reduce * (j - pc[d])
+                    run = ins_list[pc[d]:j]
+                    durs = cost.merges_s(np.zeros(len(run), np.int64), [r.unit.kind != Kind.O for r in run],
+                                         [len(r.sources) for r in run],
+                                         [bpt[int(r.unit.kind)] * tb_len[r.unit.tb] for r in run])
+                    merge_durs.update(((d, i), x) for i, x in zip(range(pc[d], j), durs.tolist()))
+                    host[d] += hc.reduce * (j - pc[d]) + hc.reduce_step
                     t = max(t, host[d])
+                dur = merge_durs[(d, pc[d])]
                 reduce_s[d] += dur
                 if record_events:
                     u = ins.unit

@@ -8,10 +8,12 @@ Model (all times from ``CostModel``; every number it produces is *simulated*, no
   each (sequence, head block) group at the efficiency of its merged q/kv extents -- each q token
   block's for profiles with ``efficiency_group="q_block"``, the CPU kernel), so plans are not charged
   for how finely their tiles are cut. ``CommWait(r)`` blocks until every transfer of round r this
-  device sends or receives has finished. ``Reduce(unit, sources)`` is one fused memory-bound merge
-  kernel: it reads the local accumulator and each received partial and writes the accumulator,
-  ``memory_bound_s((2 + len(sources)) * unit_bytes)``. In the backward each device first computes
-  delta = rowsum(O * dO) for its home tokens: ``memory_bound_s(home_tokens * Hq * (2 * D * elem + 4))``
+  device sends or receives has finished. ``Reduce(unit, sources)`` reads the local accumulator and
+  each received partial and writes the accumulator, ``(2 + len(sources)) * unit_bytes`` through HBM
+  (``CostModel.merges_s``): an O merge is one kernel, ``memory_bound_s`` of those bytes; the dQ/dKV sums
+  of one round run as one grouped add per layer (the executor's ``torch._foreach_add_``), so they pay
+  the kernel's fixed cost once per layer of the round, not once per unit. In the backward each device
+  first computes delta = rowsum(O * dO) for its home tokens: ``memory_bound_s(home_tokens * Hq * (2 * D * elem + 4))``
   (read O and dO, write fp32 delta), one op at t=0. Communication kernels do not slow compute down.
   Host-side executors (the CPU) also pay ``program_overhead_us`` once per program (before the delta)
   and ``round_overhead_us`` when they post a round they send or receive in (both 0 in GPU profiles).

@@ -40,7 +40,8 @@ def host_tables(cost: CostModel, busy: np.ndarray, has_delta: np.ndarray, step_f
     host0 = np.where(busy, hc.program, 0.0) + np.where(has_delta, hc.compute, 0.0)
     moves = step_flows > 0
     host = np.stack([np.where(moves, hc.launch + hc.message * step_flows, 0.0), np.where(step_comp > 0, hc.compute, 0.0),
-                     np.where(moves, hc.wait, 0.0), hc.reduce * step_merges], axis=1).astype(float)
+                     np.where(moves, hc.wait, 0.0), hc.reduce * step_merges + hc.reduce_step * (step_merges > 0)],
+                    axis=1).astype(float)
     return host0.astype(float), np.ascontiguousarray(host)
 
 
@@ -64,7 +65,7 @@ class Streams:
         self.latency = p.link_latency_us * 1e-6
         f_src, f_dst, f_round = flows["src"], flows["dst"], flows["round"]
         n_flows = f_src.size
-        # merges: one memory-bound kernel per (device, round, unit) over (2 + sources) units
+        # merges per (device, round, unit) over (2 + sources) units: O one kernel each, sums grouped per layer
         mg = prog.merges.astype(np.int64)
         mg = mg[np.lexsort((mg[:, SRC], mg[:, HB], mg[:, TB], mg[:, KIND], mg[:, ROUND], mg[:, DST]))]
         g_first = np.flatnonzero(np.r_[True, (mg[1:][:, [DST, ROUND, KIND, TB, HB]]
@@ -72,8 +73,9 @@ class Streams:
             if mg.shape[0] else np.zeros(0, dtype=np.int64)
         g_rows = mg[g_first]
         g_n = np.diff(np.r_[g_first, mg.shape[0]])
-        g_dur = np.asarray(cost.memory_bound_s((2 + g_n) * unit_bytes(plan.spec, plan.layout, g_rows[:, KIND],
-                                                                        g_rows[:, TB])), dtype=float).reshape(-1)
+        g_dur = cost.merges_s(g_rows[:, DST] * (int(g_rows[:, ROUND].max(initial=0)) + 1) + g_rows[:, ROUND],
+                              g_rows[:, KIND] != int(Kind.O), g_n,
+                              unit_bytes(plan.spec, plan.layout, g_rows[:, KIND], g_rows[:, TB])).reshape(-1)
         # steps: (device, round) keys of flow endpoints, compute cells (stage s -> round s + 1), merges
         cd, cs = np.nonzero(comp > 0) if comp.size else (np.zeros(0, np.int64),) * 2
         width = int(max(f_round.max(initial=0), comp.shape[1], g_rows[:, ROUND].max(initial=0))) + 2
