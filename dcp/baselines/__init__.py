@@ -43,7 +43,7 @@ def default_warm_planners() -> tuple:
     2048-token chunks and 1.05x (H100 causal batches). Magi's
     static dispatch at 2 chunks per rank without deduplication (the tuned point that beat dcp on H100
     LDC x4 shared-question batches). TE's a2a+p2p over the
-    node and over half of it (``TEA2AP2PPlanner.warm_points``). Megatron's static
+    node and over a half, a quarter, ... of it, down to 2 GPUs (``TEA2AP2PPlanner.warm_points``). Megatron's static
     CP at every group size that fits dcp's memory budget (``MegatronCPPlanner.warm_points``): with the
     non-attention layers charged per token (``SearchConfig.token_time_s``) its exact token balance won an
     end-to-end cell (GPT-8B, LongAlign 64K causal) no other start reached. These
