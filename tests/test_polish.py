@@ -10,13 +10,14 @@ import pytest
 import dcp
 from dcp import masks as M
 from dcp.cost import CostModel
+from dcp.ir.validate import validate
 from dcp.partition import GreedyPartitioner
 from dcp.planner import candidates as C
+from dcp.planner import polish as P
 from dcp.planner.budget import MemoryBudget, candidate_programs
 from dcp.planner.dcp_planner import DCPPlanner
-from dcp.ir.validate import validate
-from dcp.planner import polish as P
-from dcp.planner.polish import direct_alternatives, placement_alternatives, polish
+from dcp.planner.polish import (direct_alternatives, placement_alternatives,
+                                polish)
 from dcp.sim import simulate
 
 A100 = CostModel.named("a100")
