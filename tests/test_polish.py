@@ -241,10 +241,11 @@ def test_pinned_dcp_ties_magis_tuned_dynamic_solver_within_budget():
     assert dcp_s <= magi_s * (1 + 1e-9)
 
 
-def test_finalists_polish_keeps_the_faster_of_the_polished_choice_and_runner_up(monkeypatch):
+def test_finalists_polish_keeps_the_fastest_of_the_polished_choice_and_finalists(monkeypatch):
     """``DCPPlanner._polish_finalists`` (invariant, on a micro batch where the runner-up wins: LDC x1 causal,
-    batch 2, A100): the plan simulates no slower than the choice polished and than the runner-up of the
-    simulated finalists polished."""
+    batch 2, A100): the plan simulates no slower than the choice polished and than each of the next
+    ``POLISH_FINALISTS`` simulated finalists within ``POLISH_FINALISTS_WITHIN`` of it, polished."""
+    from dcp.planner import dcp_planner as DP
     from dcp.bench.common import DcpOptions, dcp_config
     from dcp.bench.micro import make_mask
     from dcp.data import make_batches
@@ -269,11 +270,26 @@ def test_finalists_polish_keeps_the_faster_of_the_polished_choice_and_runner_up(
     def step(cand):
         return _simulated_step_s(candidate_programs(cand, spec, cluster), cand, cfg.cost_model, cfg.search.token_time_s)
 
-    finalists = [got[2] for got in seen["memo"].values() if got[1] is not None and got[2] is not best
-                 and got[2].label != best.label and seen["budget"].fits_transient(got[0][0])]
+    finalists = sorted((got[2] for got in seen["memo"].values() if got[1] is not None and got[2] is not best
+                        and got[2].label != best.label and seen["budget"].fits_transient(got[0][0])), key=step)
     assert finalists
-    runner = min(finalists, key=lambda c: step(c))
     mine = step(out)
-    assert mine <= step(polish(best, seen["cands"], spec, cluster, cfg.cost_model, seen["budget"])) * (1 + 1e-9)
-    assert mine <= step(polish(runner, seen["cands"], spec, cluster, cfg.cost_model, seen["budget"])) * (1 + 1e-9)
+    chosen = step(polish(best, seen["cands"], spec, cluster, cfg.cost_model, seen["budget"]))
+    assert mine <= chosen * (1 + 1e-9)
+    near = [c for c in finalists[:DP.POLISH_FINALISTS] if step(c) <= chosen * (1 + DP.POLISH_FINALISTS_WITHIN)]
+    assert near
+    for cand in near:
+        assert mine <= step(polish(cand, seen["cands"], spec, cluster, cfg.cost_model, seen["budget"])) * (1 + 1e-9)
+
+
+def test_pinned_polished_finalists_beat_magi_within_budget():
+    """Micro grid, LDC x2 causal, batch 1, H100: Magi's static dispatch at 512-token chunks, overlap degree 2,
+    hierarchical, beat dcp by 0.65 % within its memory budget while only the runner-up of the simulated
+    finalists was polished; the third, TE's placement at a 2-GPU all-to-all, polishes to a faster plan."""
+    from dcp.baselines import MagiPlanner
+
+    plan, dcp_s, magi_s = _micro_batch_vs("ldc", 2.0, "causal", 1, "h100", MagiPlanner(512, 2, True))
+    assert plan.meta["search_chosen"].startswith("warm(te_a2a_p2p(head_parallel=2))")
+    assert plan.stats().memory_imbalance <= 1.1 + 1e-9
+    assert dcp_s < magi_s
 
