@@ -245,10 +245,10 @@ def test_finalists_polish_keeps_the_fastest_of_the_polished_choice_and_finalists
     """``DCPPlanner._polish_finalists`` (invariant, on a micro batch where the runner-up wins: LDC x1 causal,
     batch 2, A100): the plan simulates no slower than the choice polished and than each of the next
     ``POLISH_FINALISTS`` simulated finalists within ``POLISH_FINALISTS_WITHIN`` of it, polished."""
-    from dcp.planner import dcp_planner as DP
     from dcp.bench.common import DcpOptions, dcp_config
     from dcp.bench.micro import make_mask
     from dcp.data import make_batches
+    from dcp.planner import dcp_planner as DP
     from dcp.planner.budget import _simulated_step_s
 
     seen = {}

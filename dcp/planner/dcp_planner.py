@@ -38,7 +38,6 @@ from dcp.planner.warm import warm_candidates
 from dcp.schedule.assemble import Planner, assemble, check_inputs
 from dcp.spec import BatchSpec
 
-
 POLISH_FINALISTS = 3
 """How many of the simulated finalists other than the choice get their schedules re-chosen by simulation too
 (the fastest as simulated first), those within ``POLISH_FINALISTS_WITHIN`` of the polished choice."""
