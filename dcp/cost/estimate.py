@@ -129,8 +129,9 @@ def rounds_end_s_reference(round_, src, dst, nbytes, comp, red, merge_host, t0, 
 
     ``round_``/``src``/``dst``/``nbytes``: one entry per transfer (coalesced here per round, sender and
     receiver); ``comp`` ``[n, n_stages]`` stage compute seconds; ``red``/``merge_host`` ``[n, n_rounds + 1]``
-    the merges' device and host seconds per (receiver, round) (host time > 0 marks a round with merges); ``t0``/``host0`` ``[n]`` when stream and host start;
-    ``hc``: ``HostCosts``; ``port``/``nic`` in bytes/s, ``per_nic`` GPUs share a NIC."""
+    the merges' device and host seconds per (receiver, round) (host time > 0 marks a round with merges);
+    ``t0``/``host0`` ``[n]`` when stream and host start; ``hc``: ``HostCosts`` (its ``reduce`` unused: the
+    host's merge time comes in ``merge_host``); ``port``/``nic`` in bytes/s, ``per_nic`` GPUs share a NIC."""
     n, gpn = t0.size, gpus_per_node
     n_rounds, n_stages = red.shape[1] - 1, comp.shape[1]
     fkey = (np.asarray(round_, np.int64) * n + src) * n + dst

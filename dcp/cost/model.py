@@ -302,7 +302,8 @@ class CostModel:
         over = p.kernel_overhead_us if p.memory_overhead_us is None else p.memory_overhead_us
         return over * 1e-6 + np.asarray(nbytes, float) / (p.hbm_gbps * 1e9)
 
-    def merges_s(self, step: np.ndarray, is_sum: np.ndarray, n_sources: np.ndarray, unit_nbytes: np.ndarray) -> np.ndarray:
+    def merges_s(self, step: np.ndarray, is_sum: np.ndarray, n_sources: np.ndarray,
+                 unit_nbytes: np.ndarray) -> np.ndarray:
         """Seconds of each merge of a device's rounds, in the order given: ``step`` (int, one id per (device,
         round)), ``is_sum`` (dQ/dK/dV partials, summed; else O/LSE, log-sum-exp merged), the partials each
         merge receives and one unit's bytes. A merge streams ``(2 + n_sources) * unit_nbytes`` (the
