@@ -136,6 +136,50 @@ def test_every_kinds_schedules_are_polished_by_simulation(monkeypatch):
             assert got.makespan_s <= was.makespan_s * (1 + 1e-9)
 
 
+def test_layered_finalists_polish_keeps_the_fastest(monkeypatch):
+    """``dcp.planner.layered._polish_layered`` (invariant): the placement kept simulates (layers-weighted,
+    every kind) no slower than the choice polished and than each of the next ``POLISH_FINALISTS`` simulated
+    finalists within ``POLISH_FINALISTS_WITHIN`` of it, polished."""
+    from dcp.cost import CostModel
+    from dcp.planner import layered
+    from dcp.planner.budget import _simulated_step_s, candidate_programs
+    from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN
+
+    seen = {}
+    orig = layered._polish_layered
+
+    def spy(chosen, finalists, scored, specs, spec, cluster, cfg, budget):
+        out = orig(chosen, finalists, scored, specs, spec, cluster, cfg, budget)
+        seen.update(args=(chosen, finalists, scored, specs, spec, cluster, cfg, budget), out=out)
+        return out
+
+    monkeypatch.setattr(layered, "_polish_layered", spy)
+    spec = layered_spec(layers={"full": 1, "sliding": 12}, dtype="bfloat16", lens=(6000, 1000, 600, 400))
+    cfg = dcp.PlannerConfig(block_size=256, cost_model=CostModel.named("h100"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = dcp.plan(spec, dcp.Cluster(2, 2), cfg, progress=False)
+    chosen, finalists, scored, specs, spec_, cluster, cfg_, budget = seen["args"]
+    out = seen["out"]
+    assert plan.meta["layered_chosen"] == out.per_kind[0].label
+
+    def polished(s):
+        return [layered.polish(c, [o.per_kind[i] for o in scored], specs[k], cluster, cfg_.cost_model, budget)
+                for i, (k, c) in enumerate(zip(spec_.kinds, s.per_kind))]
+
+    def step(per_kind):
+        return sum(n * _simulated_step_s(candidate_programs(c, specs[k], cluster), c, cfg_.cost_model,
+                                         cfg_.search.token_time_s)
+                   for k, n, c in zip(spec_.kinds, spec_.layers, per_kind))
+
+    mine = step(out.per_kind)
+    first = step(polished(chosen))
+    assert mine <= first * (1 + 1e-9)
+    for sim, s in finalists[:POLISH_FINALISTS]:
+        if sim <= first * (1 + POLISH_FINALISTS_WITHIN):
+            assert mine <= step(polished(s)) * (1 + 1e-9)
+
+
 def test_serialization_round_trips(plan):
     data = plan.to_bytes()
     back = LayeredPlan.from_bytes(data)

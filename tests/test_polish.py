@@ -248,7 +248,7 @@ def test_finalists_polish_keeps_the_fastest_of_the_polished_choice_and_finalists
     from dcp.bench.common import DcpOptions, dcp_config
     from dcp.bench.micro import make_mask
     from dcp.data import make_batches
-    from dcp.planner import dcp_planner as DP
+    from dcp.planner import polish as DP
     from dcp.planner.budget import _simulated_step_s
 
     seen = {}

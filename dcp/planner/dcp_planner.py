@@ -32,16 +32,11 @@ from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
-from dcp.planner.polish import polish
+from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, polish
 from dcp.planner.refine import refine_packing
 from dcp.planner.warm import warm_candidates
 from dcp.schedule.assemble import Planner, assemble, check_inputs
 from dcp.spec import BatchSpec
-
-POLISH_FINALISTS = 3
-"""How many of the simulated finalists other than the choice get their schedules re-chosen by simulation too
-(the fastest as simulated first), those within ``POLISH_FINALISTS_WITHIN`` of the polished choice."""
-POLISH_FINALISTS_WITHIN = 0.1
 
 
 def check_config(config) -> None:

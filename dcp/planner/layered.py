@@ -18,7 +18,8 @@ of the device with the most tokens once per layer (``SearchConfig.token_time_s``
    every stage count; of those whose every kind keeps transient buffers within the budget, the few
    estimated fastest are simulated (every kind) and the fastest simulated one wins;
 4. every kind's schedules are then re-chosen by simulation on that placement (``dcp.planner.polish``, its
-   direct schedules included), as a one-kind plan's are.
+   direct schedules included), and on the next few simulated finalists' (``_polish_layered``), the fastest
+   kept, as for a one-kind plan (``DCPPlanner._polish_finalists``).
 
 Every kind's plan is assembled and validated on its own; ``LayeredPlan`` checks that the homes agree.
 """
@@ -37,7 +38,7 @@ from dcp.layout.tiles import enumerate_tiles
 from dcp.planner.budget import SIMULATE_WITHIN, _simulated_step_s, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
-from dcp.planner.polish import polish
+from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, polish
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
@@ -102,13 +103,13 @@ def plan_layered(planner, spec: BatchSpec, cluster: Cluster, started: float) -> 
         scored += [_score(c, lead, specs, spec, cluster, planner) for c in joint]
     scored.sort(key=lambda s: s.step_s)
     scored = _widen_top(scored, lead, specs, spec, cluster, planner, WIDEN_TOP if heavy else 1)
-    chosen, memory_notes = _within_transient(scored, search.budget, specs, spec, cluster, cfg, search.memo)
+    chosen, memory_notes, finalists = _within_transient(scored, search.budget, specs, spec, cluster, cfg,
+                                                        search.memo)
     if cfg.search.objective == "time" and cfg.search.simulate_top > 1:
         # every kind's schedules re-chosen by simulation on the chosen placement, its direct ones too (the lead
-        # kind's search polished its own choice; a kind's programs are simulated and budgeted on their own)
-        chosen = dataclasses.replace(chosen, per_kind=tuple(
-            polish(c, [s.per_kind[i] for s in scored], specs[k], cluster, cfg.cost_model, search.budget)
-            for i, (k, c) in enumerate(zip(spec.kinds, chosen.per_kind))))
+        # kind's search polished its own choice; a kind's programs are simulated and budgeted on their own);
+        # so are the next few simulated finalists' (``DCPPlanner._polish_finalists``), the fastest kept
+        chosen = _polish_layered(chosen, finalists, scored, specs, spec, cluster, cfg, search.budget)
     plans = []
     for k, cand in zip(spec.kinds, chosen.per_kind):
         own = search if k == lead else search._replace(cands=[s.per_kind[spec.kinds.index(k)] for s in scored],
@@ -276,5 +277,37 @@ def _within_transient(scored: list[Scored], budget, specs: dict, spec: BatchSpec
         if top <= 1:
             break
     if fits:
-        return min(fits, key=lambda f: f[:2])[2], ()
-    return scored[0], first_notes or ()
+        fits.sort(key=lambda f: f[:2])
+        return fits[0][2], (), [(sim, s) for sim, _, s in fits[1:] if sim < float("inf")]
+    return scored[0], first_notes or (), []
+
+
+def _polish_layered(chosen: Scored, finalists: list, scored: list[Scored], specs: dict, spec: BatchSpec,
+                    cluster: Cluster, cfg, budget) -> Scored:
+    """``chosen`` with every kind's schedules re-chosen by simulation (``dcp.planner.polish``), or one of the
+    next ``POLISH_FINALISTS`` simulated ``finalists`` ((simulated step s, Scored), fastest first) within
+    ``POLISH_FINALISTS_WITHIN`` of it, so polished, when that simulates faster (layers-weighted, every kind)."""
+    token_s = _token_s(cfg)
+
+    def polished(s: Scored) -> Scored:
+        return dataclasses.replace(s, per_kind=tuple(
+            polish(c, [o.per_kind[i] for o in scored], specs[k], cluster, cfg.cost_model, budget)
+            for i, (k, c) in enumerate(zip(spec.kinds, s.per_kind))))
+
+    def step(s: Scored) -> float:
+        return sum(n * _simulated_step_s(candidate_programs(c, specs[k], cluster), c, cfg.cost_model, token_s)
+                   for k, n, c in zip(spec.kinds, spec.layers, s.per_kind))
+
+    out = polished(chosen)
+    if not finalists:
+        return out
+    out_s = step(out)
+    limit = out_s * (1 + POLISH_FINALISTS_WITHIN)
+    for sim, s in finalists[:POLISH_FINALISTS]:
+        if sim > limit:
+            break
+        other = polished(s)
+        other_s = step(other)
+        if other_s < out_s * (1 - 1e-9):
+            out, out_s = other, other_s
+    return out

@@ -46,6 +46,11 @@ POLISH_PAIRS = 3
 #: Magi groups them); "shifted", by the ring distance from the device to the block's home first, so that in
 #: each round the devices read from different homes (the shifted all-to-all: no home serves many at once)
 DIRECT_ORDERS = ("direct", "shifted")
+#: how many of the simulated finalists other than the choice get their schedules re-chosen by simulation too
+#: (the fastest as simulated first), those within ``POLISH_FINALISTS_WITHIN`` of the polished choice
+#: (``DCPPlanner._polish_finalists``, ``dcp.planner.layered._polish_layered``)
+POLISH_FINALISTS = 3
+POLISH_FINALISTS_WITHIN = 0.1
 
 
 def direct_schedule(cand: Candidate, cluster, degree: int, hierarchical: bool, order: str = "direct"):
