@@ -138,12 +138,11 @@ def test_every_kinds_schedules_are_polished_by_simulation(monkeypatch):
 
 def test_layered_finalists_polish_keeps_the_fastest(monkeypatch):
     """``dcp.planner.layered._polish_layered`` (invariant): the placement kept simulates (layers-weighted,
-    every kind) no slower than the choice polished and than each of the next ``POLISH_FINALISTS`` simulated
-    finalists within ``POLISH_FINALISTS_WITHIN`` of it, polished."""
+    every kind) no slower than the choice polished and than each of the next ``LAYERED_POLISH_FINALISTS``
+    simulated finalists within ``LAYERED_POLISH_WITHIN`` of it, polished."""
     from dcp.cost import CostModel
     from dcp.planner import layered
     from dcp.planner.budget import _simulated_step_s, candidate_programs
-    from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN
 
     seen = {}
     orig = layered._polish_layered
@@ -175,8 +174,8 @@ def test_layered_finalists_polish_keeps_the_fastest(monkeypatch):
     mine = step(out.per_kind)
     first = step(polished(chosen))
     assert mine <= first * (1 + 1e-9)
-    for sim, s in finalists[:POLISH_FINALISTS]:
-        if sim <= first * (1 + POLISH_FINALISTS_WITHIN):
+    for sim, s in finalists[:layered.LAYERED_POLISH_FINALISTS]:
+        if sim <= first * (1 + layered.LAYERED_POLISH_WITHIN):
             assert mine <= step(polished(s)) * (1 + 1e-9)
 
 

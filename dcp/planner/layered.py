@@ -38,7 +38,7 @@ from dcp.layout.tiles import enumerate_tiles
 from dcp.planner.budget import SIMULATE_WITHIN, _simulated_step_s, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
-from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, polish
+from dcp.planner.polish import polish
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
@@ -48,6 +48,12 @@ LIGHT_POOL = 3
 #: the best scored placements whose other kinds are rescheduled at every stage count of the search (1 when
 #: the other kinds weigh less than ``JOINT_SHARE``)
 WIDEN_TOP = 2
+#: the simulated finalists besides the choice whose every kind is polished too, those within
+#: ``LAYERED_POLISH_WITHIN`` of the polished choice: each costs a polish per kind, so fewer and closer ones
+#: than a one-kind plan's (``dcp.planner.polish.POLISH_FINALISTS``), to keep a two-kind plan within 1.5x
+#: one kind's planning time (3 within 10 %: 1.52x at worst on the planner-layers benchmark; these: 1.46x)
+LAYERED_POLISH_FINALISTS = 2
+LAYERED_POLISH_WITHIN = 0.05
 #: compute tolerances of the packings balancing every kind's layers together
 JOINT_EPSILONS = (0.05, 0.2)
 #: the other kinds' least share of the lead's own choice's step time for which those packings are tried
@@ -285,8 +291,9 @@ def _within_transient(scored: list[Scored], budget, specs: dict, spec: BatchSpec
 def _polish_layered(chosen: Scored, finalists: list, scored: list[Scored], specs: dict, spec: BatchSpec,
                     cluster: Cluster, cfg, budget) -> Scored:
     """``chosen`` with every kind's schedules re-chosen by simulation (``dcp.planner.polish``), or one of the
-    next ``POLISH_FINALISTS`` simulated ``finalists`` ((simulated step s, Scored), fastest first) within
-    ``POLISH_FINALISTS_WITHIN`` of it, so polished, when that simulates faster (layers-weighted, every kind)."""
+    next ``LAYERED_POLISH_FINALISTS`` simulated ``finalists`` ((simulated step s, Scored), fastest first)
+    within ``LAYERED_POLISH_WITHIN`` of it, so polished, when that simulates faster (layers-weighted, every
+    kind)."""
     token_s = _token_s(cfg)
 
     def polished(s: Scored) -> Scored:
@@ -302,8 +309,8 @@ def _polish_layered(chosen: Scored, finalists: list, scored: list[Scored], specs
     if not finalists:
         return out
     out_s = step(out)
-    limit = out_s * (1 + POLISH_FINALISTS_WITHIN)
-    for sim, s in finalists[:POLISH_FINALISTS]:
+    limit = out_s * (1 + LAYERED_POLISH_WITHIN)
+    for sim, s in finalists[:LAYERED_POLISH_FINALISTS]:
         if sim > limit:
             break
         other = polished(s)

@@ -48,7 +48,7 @@ POLISH_PAIRS = 3
 DIRECT_ORDERS = ("direct", "shifted")
 #: how many of the simulated finalists other than the choice get their schedules re-chosen by simulation too
 #: (the fastest as simulated first), those within ``POLISH_FINALISTS_WITHIN`` of the polished choice
-#: (``DCPPlanner._polish_finalists``, ``dcp.planner.layered._polish_layered``)
+#: (``DCPPlanner._polish_finalists``; a layered plan polishes fewer: ``dcp.planner.layered``)
 POLISH_FINALISTS = 3
 POLISH_FINALISTS_WITHIN = 0.1
 
