@@ -96,7 +96,7 @@ def estimate_device_ends_s(spec: BatchSpec, cluster: Cluster, layout: BlockLayou
     t0 = np.full(n, p.program_overhead_us * 1e-6)
     hc = cost.host_s()
     # the host's merge time per (receiver, round): per unit and per step (the C++ loop multiplies it by 1)
-    merge_host = hc.reduce * n_merges + hc.reduce_step * (n_merges > 0)
+    merge_host = hc.merges_s(n_merges)
     host0 = np.full(n, hc.program)  # when each device's host has issued its last instruction (GPUProfile.host_*)
     if direction == "backward":
         tokens = np.bincount(home, weights=layout.tb_len, minlength=n)

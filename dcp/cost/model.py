@@ -341,6 +341,12 @@ class HostCosts(NamedTuple):
     reduce: float
     reduce_step: float
 
+    def merges_s(self, n_merges):
+        """Host seconds of a device's merges in one round (or per round, an array): ``reduce`` per merged unit
+        and ``reduce_step`` once for a round with any (the executor merges a round's partials as one step)."""
+        n = np.asarray(n_merges, dtype=float)
+        return self.reduce * n + self.reduce_step * (n > 0)
+
     @property
     def any(self) -> bool:
         return any(x > 0 for x in self)

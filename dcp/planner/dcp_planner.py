@@ -32,7 +32,7 @@ from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
-from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, polish
+from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, fastest_polished, polish
 from dcp.planner.refine import refine_packing
 from dcp.planner.warm import warm_candidates
 from dcp.schedule.assemble import Planner, assemble, check_inputs
@@ -124,29 +124,16 @@ class DCPPlanner(Planner):
         from dcp.planner.budget import _simulated_step_s, candidate_programs
 
         cfg = self.config
-        polished = polish(best, cands, spec, cluster, cfg.cost_model, budget)
-        finalists = sorted((got for got in memo.values() if got[1] is not None and got[2] is not best
+        finalists = sorted(((got[1], got[2]) for got in memo.values() if got[1] is not None and got[2] is not best
                             and got[2].label != best.label and budget.fits_transient(got[0][0])),
-                           key=lambda got: got[1])
+                           key=lambda f: f[0])
 
         def step(cand):
             return _simulated_step_s(candidate_programs(cand, spec, cluster), cand, cfg.cost_model,
                                      cfg.search.token_time_s)
 
-        if not finalists:
-            return polished
-        out, out_s = polished, step(polished)
-        limit = out_s * (1 + POLISH_FINALISTS_WITHIN)
-        for got in finalists[:POLISH_FINALISTS]:
-            if got[1] > limit:  # too far behind to catch up by its schedules alone
-                break
-            other = polish(got[2], cands, spec, cluster, cfg.cost_model, budget)
-            if other is got[2]:  # nothing faster for it: it already lost to best as simulated
-                continue
-            other_s = step(other)
-            if other_s < out_s * (1 - 1e-9):
-                out, out_s = other, other_s
-        return out
+        return fastest_polished(best, finalists, POLISH_FINALISTS, POLISH_FINALISTS_WITHIN,
+                                lambda c: polish(c, cands, spec, cluster, cfg.cost_model, budget), step)
 
     def assemble(self, spec: BatchSpec, cluster: Cluster, best: Candidate, search: "Search", started: float,
                  memory_notes: tuple[str, ...] | None = None) -> Plan:

@@ -38,7 +38,7 @@ from dcp.layout.tiles import enumerate_tiles
 from dcp.planner.budget import SIMULATE_WITHIN, _simulated_step_s, candidate_programs, pick, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, sequence_areas
-from dcp.planner.polish import polish
+from dcp.planner.polish import fastest_polished, polish
 from dcp.spec import BatchSpec
 
 #: candidates of the heaviest kind's search (best first, within the memory budget) scored for every kind;
@@ -297,24 +297,12 @@ def _polish_layered(chosen: Scored, finalists: list, scored: list[Scored], specs
     token_s = _token_s(cfg)
 
     def polished(s: Scored) -> Scored:
-        return dataclasses.replace(s, per_kind=tuple(
-            polish(c, [o.per_kind[i] for o in scored], specs[k], cluster, cfg.cost_model, budget)
-            for i, (k, c) in enumerate(zip(spec.kinds, s.per_kind))))
+        per_kind = tuple(polish(c, [o.per_kind[i] for o in scored], specs[k], cluster, cfg.cost_model, budget)
+                         for i, (k, c) in enumerate(zip(spec.kinds, s.per_kind)))
+        return s if all(a is b for a, b in zip(per_kind, s.per_kind)) else dataclasses.replace(s, per_kind=per_kind)
 
     def step(s: Scored) -> float:
         return sum(n * _simulated_step_s(candidate_programs(c, specs[k], cluster), c, cfg.cost_model, token_s)
                    for k, n, c in zip(spec.kinds, spec.layers, s.per_kind))
 
-    out = polished(chosen)
-    if not finalists:
-        return out
-    out_s = step(out)
-    limit = out_s * (1 + LAYERED_POLISH_WITHIN)
-    for sim, s in finalists[:LAYERED_POLISH_FINALISTS]:
-        if sim > limit:
-            break
-        other = polished(s)
-        other_s = step(other)
-        if other_s < out_s * (1 - 1e-9):
-            out, out_s = other, other_s
-    return out
+    return fastest_polished(chosen, finalists, LAYERED_POLISH_FINALISTS, LAYERED_POLISH_WITHIN, polished, step)

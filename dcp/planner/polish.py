@@ -22,8 +22,8 @@ ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit enterin
 round builder (``dcp.schedule.stages``) relays units inside a node to save NIC bytes, at the price of a
 round and a relay's busy egress; where a placement's transfers are few and large (a packing's backward,
 whose dKV partials all leave after its last stage) straight transfers in fewer, longer stages are faster.
-They are simulated only for the chosen placement and the runner-up of the simulated finalists
-(``DCPPlanner._polish_finalists``): estimating them for every widened candidate instead doubled the
+They are simulated only for the chosen placement and the next few simulated finalists (``fastest_polished``,
+``DCPPlanner._polish_finalists``): estimating them for every widened candidate instead doubled the
 planning time for about a per cent in the micro grid's geomean.
 """
 from __future__ import annotations
@@ -157,7 +157,7 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
     for _, changed, fwd, bwd in pairs:
         if not changed:
             return best
-        # (no transient budget: nothing to measure)
+        # (without a transient budget the pair's peak is not measured)
         if budget.transient_bytes is None or budget.fits_transient(plan_transient(plan_of(fwd, bwd)).max(initial=0)):
             break
     else:
@@ -166,3 +166,26 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
     return dataclasses.replace(best, label=best.label + "/sim", forward=fwd[2], forward_s=fwd[0], forward_ends=fwd[3],
                                backward=bwd[2], backward_s=bwd[0], backward_ends=bwd[3], stages=(fwd[1], bwd[1]),
                                comm_bytes=comm, alternatives=alts)
+
+
+def fastest_polished(chosen, finalists: list, count: int, within: float, polish_one, step):
+    """``polish_one(chosen)``, or ``polish_one`` of one of the first ``count`` ``finalists`` ((simulated s,
+    candidate), fastest first) simulated within ``within`` of it, whichever ``step`` (simulated s) finds
+    fastest. ``polish_one`` returns its argument when it finds nothing faster: such a finalist is not
+    simulated again (it lost to the choice as simulated, and a polished choice is no slower than the choice).
+    Used for one kind (``DCPPlanner._polish_finalists``) and for every kind of a layered plan."""
+    out = polish_one(chosen)
+    if not finalists:
+        return out
+    out_s = step(out)
+    limit = out_s * (1 + within)
+    for sim, cand in finalists[:count]:
+        if sim > limit:  # too far behind to catch up by its schedules alone
+            break
+        other = polish_one(cand)
+        if other is cand:
+            continue
+        other_s = step(other)
+        if other_s < out_s * (1 - 1e-9):
+            out, out_s = other, other_s
+    return out

@@ -195,7 +195,7 @@ def simulate_reference(plan: Plan, cost: CostModel, direction: str = "forward", 
                                          [len(r.sources) for r in run],
                                          [bpt[int(r.unit.kind)] * tb_len[r.unit.tb] for r in run])
                     merge_durs.update(((d, i), x) for i, x in zip(range(pc[d], j), durs.tolist()))
-                    host[d] += hc.reduce * (j - pc[d]) + hc.reduce_step
+                    host[d] += float(hc.merges_s(j - pc[d]))
                     t = max(t, host[d])
                 dur = merge_durs[(d, pc[d])]
                 reduce_s[d] += dur

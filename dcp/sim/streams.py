@@ -40,8 +40,7 @@ def host_tables(cost: CostModel, busy: np.ndarray, has_delta: np.ndarray, step_f
     host0 = np.where(busy, hc.program, 0.0) + np.where(has_delta, hc.compute, 0.0)
     moves = step_flows > 0
     host = np.stack([np.where(moves, hc.launch + hc.message * step_flows, 0.0), np.where(step_comp > 0, hc.compute, 0.0),
-                     np.where(moves, hc.wait, 0.0), hc.reduce * step_merges + hc.reduce_step * (step_merges > 0)],
-                    axis=1).astype(float)
+                     np.where(moves, hc.wait, 0.0), hc.merges_s(step_merges)], axis=1).astype(float)
     return host0.astype(float), np.ascontiguousarray(host)
 
 
