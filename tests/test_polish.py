@@ -16,8 +16,7 @@ from dcp.planner import candidates as C
 from dcp.planner import polish as P
 from dcp.planner.budget import MemoryBudget, candidate_programs
 from dcp.planner.dcp_planner import DCPPlanner
-from dcp.planner.polish import (direct_alternatives, placement_alternatives,
-                                polish)
+from dcp.planner.polish import direct_alternatives, placement_alternatives, polish
 from dcp.sim import simulate
 
 A100 = CostModel.named("a100")
