@@ -353,6 +353,41 @@ def test_resized_and_earlier_choices_are_simulated_wherever_they_rank():
     assert sims[id(got)] <= min(sims[id(ranked[0])], sims[id(last)]) * (1 + 1e-12)
 
 
+def test_same_plan_needs_placement_and_both_schedules_alike():
+    from dcp.planner.candidates import same_plan
+
+    spec = dcp.BatchSpec(lognormal_lengths(3, 30000), M.CausalMask(), 8, 2, 64)
+    search = dcp.DCPPlanner(dcp.PlannerConfig(cost_model=A100, **FAST)).search(spec, dcp.Cluster(1, 4))
+    c = search.cands[0]
+    assert same_plan(c, dataclasses.replace(c, label="twin"))
+    moved = c.tile_device.copy()
+    moved[0] = (moved[0] + 1) % 4
+    assert not same_plan(c, dataclasses.replace(c, tile_device=moved))
+    staged = c.backward.tile_stage.copy()
+    staged[0] += 1
+    assert not same_plan(c, dataclasses.replace(c, backward=dataclasses.replace(c.backward, tile_stage=staged)))
+    others = [o for o in search.cands if o.label != c.label]
+    assert all(not same_plan(c, o) for o in others if (o.forward_s, o.backward_s) != (c.forward_s, c.backward_s))
+
+
+def test_a_twin_takes_no_simulation_slot():
+    """``pick``: a plan ranked twice (two warm starts reaching one plan) is simulated once, and the next
+    distinct plan takes the slot (with the twin simulated instead, a plan polished later could be left out:
+    micro grid, LDC x2 causal, batch 1, H100)."""
+    from dcp.planner.budget import MemoryBudget, pick
+
+    spec = dcp.BatchSpec(lognormal_lengths(3, 30000), M.CausalMask(), 8, 2, 64)
+    cluster = dcp.Cluster(1, 4)
+    search = dcp.DCPPlanner(dcp.PlannerConfig(cost_model=A100, transient_budget=None, **FAST)).search(spec, cluster)
+    first = min(search.cands, key=lambda c: c.time_s)
+    twin = dataclasses.replace(first, label="twin")
+    other = dataclasses.replace(first, label="other", forward_s=first.forward_s * 1.001)
+    memo: dict = {}
+    pick([first, twin, other], MemoryBudget(float("inf"), None), spec, cluster, A100, simulate_top=2, memo=memo)
+    assert id(twin) not in memo
+    assert memo[id(first)][1] is not None and memo[id(other)][1] is not None
+
+
 def test_widening_schedules_each_directions_fastest(monkeypatch):
     """Placements whose own schedule is slow in one direction but among the ``WIDEN_PER_DIRECTION`` fastest in
     the other are rescheduled at every stage count even when ``WIDEN_TOP`` others are estimated faster overall

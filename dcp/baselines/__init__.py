@@ -42,7 +42,10 @@ def default_warm_planners() -> tuple:
     (``total / 8P``-token chunks, 1.1x: finer still, which won H100 LongAlign x4 lambda batches) and at
     2048-token chunks and 1.05x (H100 causal batches). Magi's
     static dispatch at 2 chunks per rank without deduplication (the tuned point that beat dcp on H100
-    LDC x4 shared-question batches). TE's a2a+p2p over the
+    LDC x4 shared-question batches). PyTorch CP's round-robin balancer at 256-token blocks (its tuned point at
+    128-token blocks, ~4x the tiles, is past ``SearchConfig.warm_start_max_tiles`` on long sequences; from 256
+    dcp beat it on H100 LongAlign x4 shared-question, the one batch within dcp's memory budget that a tuned
+    baseline won). TE's a2a+p2p over the
     node and over a half, a quarter, ... of it, down to 2 GPUs (``TEA2AP2PPlanner.warm_points``). Megatron's static
     CP at every group size that fits dcp's memory budget (``MegatronCPPlanner.warm_points``): with the
     non-attention layers charged per token (``SearchConfig.token_time_s``) its exact token balance won an
@@ -55,7 +58,7 @@ def default_warm_planners() -> tuple:
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
             LoongTrainPlanner(shards=False), MegatronCPPlanner(), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(),
             *magi, MagiDynamicPlanner(2048, 4, 1.2), MagiDynamicPlanner(1024, 4, 1.05), MagiDynamicPlanner(None, 4),
-            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05), UlyssesPlanner())
+            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05), TorchCPPlanner("ptrr", 256), UlyssesPlanner())
 
 
 __all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronCPPlanner",

@@ -88,8 +88,8 @@ def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_
          token_time_s: float = 0.0, memo: dict | None = None, keep: tuple = ()) -> tuple[object, list[str]]:
     """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
     or the least over it). Their programs are built in that order until one is within the transient
-    budget; of the first ``simulate_top`` those within it and estimated within ``SIMULATE_WITHIN`` of the
-    first compete by simulated time (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time
+    budget; of the first ``simulate_top`` distinct plans (a twin of an earlier one, ``same_plan``, is passed
+    over) those within it and estimated within ``SIMULATE_WITHIN`` of the first compete by simulated time (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time
     is its simulated time, not an estimate's. When none is within the transient budget, the one with the
     smallest peak stands (with a note). ``memo``: results per
     candidate kept across calls of one planning run. ``keep``: candidates simulated wherever they rank (a
@@ -97,15 +97,22 @@ def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_
     earlier, faster-simulated choice out of the simulated few)."""
     if budget.transient_bytes is None and simulate_top <= 1:
         return ranked[0], []
+    from dcp.planner.candidates import same_plan
+
     memo = {} if memo is None else memo
     checked, fits = [], []
     first_s = ranked[0].step_s(token_time_s)
     kept = {id(c) for c in keep} if simulate_top > 1 else set()
     left = {id(c) for c in ranked} & kept
+    seen: list = []  # (candidate, close) of the distinct plans so far: a twin of one adds nothing
     for i, cand in enumerate(ranked):
-        close = i < simulate_top and cand.step_s(token_time_s) <= first_s * (1 + SIMULATE_WITHIN)
-        close = close or id(cand) in kept
+        twin = next((c for c, c_close in seen if same_plan(c, cand) and (c_close or id(cand) not in kept)), None)
         left.discard(id(cand))
+        if twin is not None:  # the same plan ranked earlier: it would lose the tie, and takes no simulation
+            continue
+        close = len(seen) < simulate_top and cand.step_s(token_time_s) <= first_s * (1 + SIMULATE_WITHIN)
+        close = close or id(cand) in kept
+        seen.append((cand, close))
         if i > 0 and not close and fits:
             if not left:
                 break  # a candidate within the transient budget is in hand and the rest are not close

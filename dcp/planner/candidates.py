@@ -175,3 +175,24 @@ def same_placement(a: Candidate, layout: BlockLayout, home: np.ndarray) -> bool:
     """Whether a packing gave the same layout and homes as candidate ``a`` (skip re-evaluating it)."""
     return (a.layout.tb_len.size == layout.tb_len.size and np.array_equal(a.layout.tb_start, layout.tb_start)
             and np.array_equal(a.home, home))
+
+
+def same_plan(a: Candidate, b: Candidate) -> bool:
+    """Whether two candidates are one plan: the same blocks, homes and tile devices, and the same chosen
+    schedule in each direction. Two warm starts can reach one plan by different settings (Magi at
+    1024-token chunks and at 4 chunks per rank, LDC x2 causal, H100): the second must not take a place
+    among the simulated or polished few (``dcp.planner.budget.pick``, ``DCPPlanner._polish_finalists``)."""
+    if a is b:
+        return True
+    if (a.forward_s, a.backward_s) != (b.forward_s, b.backward_s):  # one plan, one estimate: a cheap filter
+        return False
+    if not (same_placement(a, b.layout, b.home) and a.layout.n_head_blocks == b.layout.n_head_blocks
+            and a.tile_device.shape == b.tile_device.shape and np.array_equal(a.tile_device, b.tile_device)):
+        return False
+    return all(x.tile_stage.shape == y.tile_stage.shape and np.array_equal(x.tile_stage, y.tile_stage)
+               and _same_rows(x.routes.inputs, y.routes.inputs) and _same_rows(x.routes.outputs, y.routes.outputs)
+               for x, y in ((a.forward, b.forward), (a.backward, b.backward)))
+
+
+def _same_rows(x: np.ndarray, y: np.ndarray) -> bool:
+    return x.shape == y.shape and np.array_equal(x, y)

@@ -30,7 +30,7 @@ from dcp.planner.assign import SLACK_COST, start_assign
 from dcp.planner.budget import MemoryBudget, pick
 from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
-from dcp.planner.candidates import Candidate, evaluate, same_placement, sequence_times, widen
+from dcp.planner.candidates import Candidate, evaluate, same_placement, same_plan, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
 from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, fastest_polished, polish
 from dcp.planner.refine import refine_packing
@@ -124,9 +124,12 @@ class DCPPlanner(Planner):
         from dcp.planner.budget import _simulated_step_s, candidate_programs
 
         cfg = self.config
-        finalists = sorted(((got[1], got[2]) for got in memo.values() if got[1] is not None and got[2] is not best
-                            and got[2].label != best.label and budget.fits_transient(got[0][0])),
-                           key=lambda f: f[0])
+        finalists = []
+        for sim, cand in sorted(((got[1], got[2]) for got in memo.values() if got[1] is not None
+                                 and got[2].label != best.label and budget.fits_transient(got[0][0])),
+                                key=lambda f: f[0]):
+            if not any(same_plan(c, cand) for c in [best, *(f[1] for f in finalists)]):  # twins polish alike
+                finalists.append((sim, cand))
 
         def step(cand):
             return _simulated_step_s(candidate_programs(cand, spec, cluster), cand, cfg.cost_model,
@@ -218,8 +221,11 @@ class DCPPlanner(Planner):
             return cands
         # a static plan this large keeps its own schedule (rescheduling its tiles would cost seconds)
         fits = {id(c) for c in within_tokens(cands, budget)[0] if c.tiles.n_tiles <= WIDEN_MAX_TILES}
-        ranked = sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
-                        key=lambda i: cands[i].step_s(cfg.search.token_time_s))
+        ranked: list[int] = []
+        for i in sorted((i for i in range(len(cands)) if id(cands[i]) in fits),
+                        key=lambda i: cands[i].step_s(cfg.search.token_time_s)):
+            if not any(same_plan(cands[j], cands[i]) for j in ranked):  # a twin would widen alike
+                ranked.append(i)
         out = list(cands)
         top = ranked[:WIDEN_TOP]
         # and each direction's fastest few: a placement whose own schedule is slow in the other direction may
