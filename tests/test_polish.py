@@ -75,6 +75,27 @@ def test_polished_schedule_is_the_fastest_simulated_alternative(monkeypatch):
     assert best in search.cands
 
 
+def test_every_schedule_chosen_for_a_placement_competes_once():
+    """``placement_alternatives``: the current schedule of every candidate of one placement (a warm start and its
+    "/staged" version) competes, so polishing one covers polishing the others (``_polish_finalists`` then skips
+    them); ``_distinct``: one schedule under two labels is simulated once, the current one kept first."""
+    spec = dcp.BatchSpec([3472, 2350, 424, 3130, 2999], M.CausalMask(), 8, 2, 64)
+    cluster = dcp.Cluster(2, 4)
+    search = DCPPlanner(dcp.PlannerConfig(block_size=256, cost_model=A100, **FAST)).search(spec, cluster)
+    groups = [[o for o in search.cands if P.one_placement(o, c)] for c in search.cands]
+    assert any(len(g) > 1 for g in groups)
+    for c, same in zip(search.cands, groups):
+        alts = placement_alternatives(c, search.cands)
+        for i in range(2):
+            labels = [a[1] for a in alts[i]]
+            assert labels[0] == c.stages[i] or c.stages[i] in labels
+            assert all(o.stages[i] in labels for o in same)
+    c = search.cands[0]
+    cur = (c.forward_s, c.stages[0], c.forward, c.forward_ends)
+    twin = (c.forward_s * 0.9, "direct9", c.forward, c.forward_ends)  # the same schedule under another label
+    assert P._distinct((twin, cur), c.stages[0]) == (cur,)
+
+
 def test_polish_keeps_the_choice_over_the_transient_budget(monkeypatch):
     spec, cluster, search = _search(monkeypatch, within=10.0)
     raw = next(c for c in search.cands if not c.label.endswith("/sim") and c.layout is search.best.layout

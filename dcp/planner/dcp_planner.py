@@ -32,7 +32,7 @@ from dcp.planner.budget import report as report_budget
 from dcp.planner.budget import token_note, within_tokens
 from dcp.planner.candidates import Candidate, evaluate, same_placement, same_plan, sequence_times, widen
 from dcp.planner.pack import SequenceProfiles, pack, pack_aligned
-from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, fastest_polished, polish
+from dcp.planner.polish import POLISH_FINALISTS, POLISH_FINALISTS_WITHIN, fastest_polished, one_placement, polish
 from dcp.planner.refine import refine_packing
 from dcp.planner.warm import warm_candidates
 from dcp.schedule.assemble import Planner, assemble, check_inputs
@@ -120,7 +120,8 @@ class DCPPlanner(Planner):
         a placement whose own schedules the estimate served worse can gain more from its direct schedules
         (micro grid, dcp only: the runner-up alone made 33 of 192 batches faster, none slower; three, 15 more,
         none slower. H100 LDC x2 causal b1: TE's placement at head-parallel 2, the third finalist at 9.39 ms,
-        polishes to 8.76 where the choice polishes to 9.09)."""
+        polishes to 8.76 where the choice polishes to 9.09). A finalist of a placement polished already, or the
+        very plan of one (``same_plan``), is passed over: its polish would search the same schedules."""
         from dcp.planner.budget import _simulated_step_s, candidate_programs
 
         cfg = self.config
@@ -128,7 +129,8 @@ class DCPPlanner(Planner):
         for sim, cand in sorted(((got[1], got[2]) for got in memo.values() if got[1] is not None
                                  and got[2].label != best.label and budget.fits_transient(got[0][0])),
                                 key=lambda f: f[0]):
-            if not any(same_plan(c, cand) for c in [best, *(f[1] for f in finalists)]):  # twins polish alike
+            # a twin, or another schedule of a placement polished already, would polish alike
+            if not any(same_plan(c, cand) or one_placement(c, cand) for c in [best, *(f[1] for f in finalists)]):
                 finalists.append((sim, cand))
 
         def step(cand):

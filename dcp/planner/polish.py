@@ -8,8 +8,8 @@ planner's own overlap degree against another, or dcp's stage count against the s
 A100: its own backward simulates 2.5 % faster than the schedule estimated 0.1 % faster). ``polish`` runs
 the chosen placement's close alternatives (``Candidate.alternatives``: within ``POLISH_WITHIN`` of each
 direction's best estimate, over every candidate of that placement, e.g. a warm start and its "/staged"
-version) through the simulator, one direction at a time (a direction's time depends on its own program
-only), and keeps per direction the fastest simulated schedule — so the plan is never slower, by the
+version, and the schedule each of those candidates holds; one schedule simulated once) through the
+simulator, one direction at a time (a direction's time depends on its own program only), and keeps per direction the fastest simulated schedule — so the plan is never slower, by the
 simulator, than any of those schedules of its placement. The result keeps the memory budget: the fastest
 pair of schedules (of the ``POLISH_PAIRS`` fastest per direction) whose transient buffers fit it wins; when
 none does before the current pair, the choice stands.
@@ -91,23 +91,40 @@ def direct_alternatives(cand: Candidate, spec, cluster, cost) -> tuple[tuple, tu
     return tuple(out[0]), tuple(out[1])
 
 
+def one_placement(a: Candidate, b: Candidate) -> bool:
+    """Whether ``a`` and ``b`` are one placement to ``polish`` (one layout object, the same homes and tile
+    devices): their close alternatives are pooled, so polishing one polishes the other."""
+    return a.layout is b.layout and np.array_equal(a.home, b.home) and np.array_equal(a.tile_device, b.tile_device)
+
+
 def placement_alternatives(best: Candidate, cands: list[Candidate]) -> tuple[tuple, tuple]:
     """Per direction, the close alternatives (``close_alternatives``) of every candidate with ``best``'s
-    placement (its layout object, homes and tile devices), the current schedule included."""
-    same = [c for c in cands if c.layout is best.layout and np.array_equal(c.home, best.home)
-            and np.array_equal(c.tile_device, best.tile_device)]
-    if not any(c is best for c in same):
-        same.append(best)
+    placement (``one_placement``) and each such candidate's current schedule, ``best``'s first: polishing
+    one of them then covers what polishing another would (a warm start and its "/staged" version)."""
+    same = [best] + [c for c in cands if c is not best and one_placement(c, best)]
     out = []
     for i, direction in enumerate(DIRECTIONS):
-        current = (getattr(best, f"{direction}_s"), best.stages[i], getattr(best, direction),
-                   getattr(best, f"{direction}_ends"))
-        pool = [current] + [a for c in same for a in c.alternatives[i]]
-        alts = close_alternatives(pool)
-        if not any(a[1] == best.stages[i] for a in alts):  # the current schedule always competes
-            alts = (current,) + alts[:-1] if alts else (current,)
-        out.append(alts)
+        currents = [(getattr(c, f"{direction}_s"), c.stages[i], getattr(c, direction), getattr(c, f"{direction}_ends"))
+                    for c in same]
+        alts = list(close_alternatives(currents + [a for c in same for a in c.alternatives[i]]))
+        for cur in currents:  # every schedule the search chose for this placement competes
+            if not any(a[1] == cur[1] for a in alts):
+                alts.append(cur)
+        out.append(tuple(alts))
     return out[0], out[1]
+
+
+def _distinct(alts: tuple, current_label) -> tuple:
+    """``alts`` without repeats of one schedule (its tile stages and routes), the current one kept first."""
+    seen, out = set(), []
+    for alt in sorted(alts, key=lambda a: a[1] != current_label):  # stable: the current schedule first
+        sched = alt[2]
+        key = (sched.tile_stage.tobytes(), sched.routes.inputs.shape, sched.routes.inputs.tobytes(),
+               sched.routes.outputs.shape, sched.routes.outputs.tobytes())
+        if key not in seen:
+            seen.add(key)
+            out.append(alt)
+    return tuple(out)
 
 
 def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget: MemoryBudget) -> Candidate:
@@ -126,7 +143,9 @@ def polish(best: Candidate, cands: list[Candidate], spec, cluster, cost, budget:
     for per, direct in zip(alts, direct_alternatives(best, spec, cluster, cost)):
         limit = min(a[0] for a in per + direct) * (1 + DIRECT_WITHIN)
         widened.append(per + tuple(d for d in direct if d[0] <= limit))
-    alts = tuple(widened)
+    # one simulation per distinct schedule: direct schedules of several degrees or orders often coincide (a
+    # device with few remote blocks), and with dcp's own (a 64-GPU sweep plan: a third of its simulations)
+    alts = tuple(_distinct(per, stage) for per, stage in zip(widened, best.stages))
     home32 = np.asarray(best.home, dtype=np.int32)
     device32 = np.asarray(best.tile_device, dtype=np.int32)
     programs = {(d, a[1]): None for d, per in zip(DIRECTIONS, alts) for a in per}
