@@ -22,6 +22,11 @@ ring-shifted (``DIRECT_ORDERS``) and, on several nodes, also with a unit enterin
 round builder (``dcp.schedule.stages``) relays units inside a node to save NIC bytes, at the price of a
 round and a relay's busy egress; where a placement's transfers are few and large (a packing's backward,
 whose dKV partials all leave after its last stage) straight transfers in fewer, longer stages are faster.
+In the backward each direct schedule also competes with its *tail* variant (``hold_back_local``): a
+device whose tiles send partials home keeps ``TAIL_LOCAL_SHARE`` of its local work (tiles whose inputs are
+all home) for a stage after its last remote one, so the partials' trip home -- and the home's wait for
+them -- hides behind that work instead of ending the backward (dcp's own stages do the same,
+``dcp.schedule.stages``); the rest of the local work still covers the first inputs' arrival.
 They are simulated only for the chosen placement and the next few simulated finalists (``fastest_polished``,
 ``DCPPlanner._polish_finalists``): estimating them for every widened candidate instead doubled the
 planning time for about a per cent in the micro grid's geomean.
@@ -46,6 +51,10 @@ POLISH_PAIRS = 3
 #: Magi groups them); "shifted", by the ring distance from the device to the block's home first, so that in
 #: each round the devices read from different homes (the shifted all-to-all: no home serves many at once)
 DIRECT_ORDERS = ("direct", "shifted")
+#: the share of a device's local backward work (by FLOPs, largest tiles first) a tail variant holds back for
+#: after its last remote stage (``hold_back_local``; dcp-only micro grid: 0.5 made 73 A100 and 63 H100 batches
+#: faster, none slower; 0.3 and 0.7 were each slower than 0.5 in about half the batches)
+TAIL_LOCAL_SHARE = 0.5
 #: how many of the simulated finalists other than the choice get their schedules re-chosen by simulation too
 #: (the fastest as simulated first), those within ``POLISH_FINALISTS_WITHIN`` of the polished choice
 #: (``DCPPlanner._polish_finalists``; a layered plan polishes fewer: ``dcp.planner.layered``)
@@ -70,24 +79,53 @@ def direct_schedule(cand: Candidate, cluster, degree: int, hierarchical: bool, o
                            cluster.gpus_per_node if hierarchical else None)
 
 
+def hold_back_local(cand: Candidate, tile_stage: np.ndarray, share: float = TAIL_LOCAL_SHARE) -> np.ndarray:
+    """The backward tile stages of a schedule's *tail* variant: on every device with remote tiles (each sends a
+    partial home), ``share`` of its local work (tiles whose q and kv blocks are both home there; by backward
+    FLOPs, largest first) moves to the stage after its last remote tile's. Inputs and partials travel as before
+    (a local tile needs and sends nothing), so the schedule's routes stay valid."""
+    tiles = cand.tiles
+    home = np.asarray(cand.home, dtype=np.int64)
+    dev = np.asarray(cand.tile_device, dtype=np.int64)
+    stage = np.asarray(tile_stage, dtype=np.int64)
+    local = (home[tiles.q_tb] == dev) & (home[tiles.kv_tb] == dev)
+    last = np.full(int(dev.max(initial=0)) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, dev[~local], stage[~local])
+    out = stage.copy()
+    work = np.asarray(tiles.bwd_flops, dtype=float)
+    for d in np.flatnonzero(last >= 0).tolist():
+        mine = np.flatnonzero(local & (dev == d))
+        if mine.size < 2:
+            continue
+        mine = mine[np.argsort(-work[mine], kind="stable")]
+        cum = np.cumsum(work[mine])
+        out[mine[cum <= cum[-1] * share]] = last[d] + 1
+    return out
+
+
 def direct_alternatives(cand: Candidate, spec, cluster, cost) -> tuple[tuple, tuple]:
     """Per direction, every direct schedule of ``cand``'s placement as an alternative ``(estimate s, label,
-    Schedule, device ends)``; the label, ``"<order><degree>"`` (``h`` appended: hierarchical), stands where
-    dcp's alternatives have their stage count."""
+    Schedule, device ends)``; the label, ``"<order><degree>"`` (``h`` appended: hierarchical; ``t``: the
+    backward's tail variant, ``hold_back_local``), stands where dcp's alternatives have their stage count."""
     from dcp.cost.estimate import estimate_device_ends_s
     from dcp.schedule.stages import Schedule
 
     out: tuple[list, list] = ([], [])
+
+    def add(i, label, sched):
+        ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device, sched, cost)
+        out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
+
     for order in DIRECT_ORDERS:
         for hierarchical in (False, True) if cluster.nodes > 1 else (False,):
             for degree in DIRECT_DEGREES:
                 stage, routes = direct_schedule(cand, cluster, degree, hierarchical, order)
                 label = f"{order}{degree}" + ("h" if hierarchical else "")
                 for i, direction in enumerate(DIRECTIONS):
-                    sched = Schedule(direction, stage, routes)
-                    ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home,
-                                                  cand.tile_device, sched, cost)
-                    out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
+                    add(i, label, Schedule(direction, stage, routes))
+                tail = hold_back_local(cand, stage)
+                if not np.array_equal(tail, stage):
+                    add(1, label + "t", Schedule("backward", tail, routes))
     return tuple(out[0]), tuple(out[1])
 
 
