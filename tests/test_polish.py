@@ -374,5 +374,7 @@ def test_pinned_a_tail_variant_wins_the_backward():
     stage, routes = P.direct_schedule(best, cluster, int(degree.rstrip("h")), degree.endswith("h"), order)
     assert np.array_equal(P.hold_back_local(best, stage), best.backward.tile_stage)
     plain = dataclasses.replace(best, backward=Schedule("backward", stage, routes))
-    sim = lambda c: simulate(candidate_programs(c, spec, cluster), h100, "backward", record_events=False).makespan_s  # noqa: E731
+    def sim(cand):
+        return simulate(candidate_programs(cand, spec, cluster), h100, "backward", record_events=False).makespan_s
+
     assert sim(best) < sim(plain)

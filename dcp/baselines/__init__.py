@@ -58,7 +58,8 @@ def default_warm_planners() -> tuple:
     return (RingPlanner(shards=False), ZigzagPlanner(shards=False), TEA2AP2PPlanner(shards=False),
             LoongTrainPlanner(shards=False), MegatronCPPlanner(), MegatronDynCPPlanner(), TorchCPPlanner(), MagiPlanner(),
             *magi, MagiDynamicPlanner(2048, 4, 1.2), MagiDynamicPlanner(1024, 4, 1.05), MagiDynamicPlanner(None, 4),
-            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05), TorchCPPlanner("ptrr", 256), UlyssesPlanner())
+            MagiPlanner(None, 4, False, 2), MagiDynamicPlanner(2048, 4, 1.05), TorchCPPlanner("ptrr", 256),
+            UlyssesPlanner())
 
 
 __all__ = ["BASELINES", "default_warm_planners", "MagiPlanner", "MagiDynamicPlanner", "LoongTrainPlanner", "MegatronCPPlanner",

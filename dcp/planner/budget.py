@@ -89,8 +89,9 @@ def pick(ranked: list, budget: MemoryBudget, spec, cluster, cost=None, simulate_
     """The final choice among ``ranked`` (best first by the search's estimate; all within the token budget
     or the least over it). Their programs are built in that order until one is within the transient
     budget; of the first ``simulate_top`` distinct plans (a twin of an earlier one, ``same_plan``, is passed
-    over) those within it and estimated within ``SIMULATE_WITHIN`` of the first compete by simulated time (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time
-    is its simulated time, not an estimate's. When none is within the transient budget, the one with the
+    over) those within it and estimated within ``SIMULATE_WITHIN`` of the first compete by simulated time
+    (``dcp.sim``; 0 or 1: the estimate's order stands), so the plan's time is its simulated time, not an
+    estimate's. When none is within the transient budget, the one with the
     smallest peak stands (with a note). ``memo``: results per
     candidate kept across calls of one planning run. ``keep``: candidates simulated wherever they rank (a
     choice made before more candidates joined, and those that joined for it: new candidates must not push an

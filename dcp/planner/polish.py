@@ -9,8 +9,9 @@ A100: its own backward simulates 2.5 % faster than the schedule estimated 0.1 % 
 the chosen placement's close alternatives (``Candidate.alternatives``: within ``POLISH_WITHIN`` of each
 direction's best estimate, over every candidate of that placement, e.g. a warm start and its "/staged"
 version, and the schedule each of those candidates holds; one schedule simulated once) through the
-simulator, one direction at a time (a direction's time depends on its own program only), and keeps per direction the fastest simulated schedule — so the plan is never slower, by the
-simulator, than any of those schedules of its placement. The result keeps the memory budget: the fastest
+simulator, one direction at a time (a direction's time depends on its own program only), and keeps per
+direction the fastest simulated schedule — so the plan is never slower, by the simulator, than any of those
+schedules of its placement. The result keeps the memory budget: the fastest
 pair of schedules (of the ``POLISH_PAIRS`` fastest per direction) whose transient buffers fit it wins; when
 none does before the current pair, the choice stands.
 
