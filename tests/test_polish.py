@@ -378,3 +378,20 @@ def test_pinned_a_tail_variant_wins_the_backward():
         return simulate(candidate_programs(cand, spec, cluster), h100, "backward", record_events=False).makespan_s
 
     assert sim(best) < sim(plain)
+
+
+def test_tail_variants_of_a_placements_own_backward_schedules():
+    """``tail_alternatives``: every own (not direct) backward schedule of the placement whose tail differs gets a
+    "<label>t" variant with the same routes, a valid plan, and ``hold_back_local``'s invariants."""
+    spec = dcp.BatchSpec([3472, 2350, 424, 3130, 2999], M.CausalMask(), 8, 2, 64)
+    cluster = dcp.Cluster(2, 4)
+    search = DCPPlanner(dcp.PlannerConfig(block_size=256, cost_model=A100, **FAST)).search(spec, cluster)
+    cand = next(c for c in search.cands if c.label.startswith("pack("))
+    own = placement_alternatives(cand, search.cands)[1]
+    tails = P.tail_alternatives(cand, own + direct_alternatives(cand, spec, cluster, A100)[1], spec, cluster, A100)
+    assert tails and all(t[1].endswith("t") and not str(t[1]).startswith(("direct", "shifted")) for t in tails)
+    for est, label, sched, ends in tails:
+        base = next(a for a in own if f"{a[1]}t" == label)
+        assert sched.routes is base[2].routes and est > 0 and ends.shape == (cluster.n_devices,)
+        _check_tail(cand, base[2].tile_stage, sched.tile_stage)
+        validate(candidate_programs(dataclasses.replace(cand, backward=sched), spec, cluster))
