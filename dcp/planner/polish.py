@@ -105,50 +105,52 @@ def hold_back_local(cand: Candidate, tile_stage: np.ndarray, share: float = TAIL
     return out
 
 
+def _alternative(cand: Candidate, label, sched, spec, cluster, cost) -> tuple:
+    """``sched`` of ``cand``'s placement as an alternative ``(estimate s, label, Schedule, device ends)``."""
+    from dcp.cost.estimate import estimate_device_ends_s
+
+    ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device, sched, cost)
+    return float(ends.max(initial=0.0)), label, sched, ends
+
+
+def _tail(cand: Candidate, label, sched, spec, cluster, cost) -> tuple | None:
+    """The tail variant (``hold_back_local``) of backward schedule ``sched`` as an alternative labelled
+    ``"<label>t"``, or None when it moves nothing."""
+    from dcp.schedule.stages import Schedule
+
+    tail = hold_back_local(cand, sched.tile_stage)
+    if np.array_equal(tail, sched.tile_stage):
+        return None
+    return _alternative(cand, f"{label}t", Schedule("backward", tail, sched.routes), spec, cluster, cost)
+
+
 def direct_alternatives(cand: Candidate, spec, cluster, cost) -> tuple[tuple, tuple]:
     """Per direction, every direct schedule of ``cand``'s placement as an alternative ``(estimate s, label,
     Schedule, device ends)``; the label, ``"<order><degree>"`` (``h`` appended: hierarchical; ``t``: the
     backward's tail variant, ``hold_back_local``), stands where dcp's alternatives have their stage count."""
-    from dcp.cost.estimate import estimate_device_ends_s
     from dcp.schedule.stages import Schedule
 
     out: tuple[list, list] = ([], [])
-
-    def add(i, label, sched):
-        ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device, sched, cost)
-        out[i].append((float(ends.max(initial=0.0)), label, sched, ends))
-
     for order in DIRECT_ORDERS:
         for hierarchical in (False, True) if cluster.nodes > 1 else (False,):
             for degree in DIRECT_DEGREES:
                 stage, routes = direct_schedule(cand, cluster, degree, hierarchical, order)
                 label = f"{order}{degree}" + ("h" if hierarchical else "")
                 for i, direction in enumerate(DIRECTIONS):
-                    add(i, label, Schedule(direction, stage, routes))
-                tail = hold_back_local(cand, stage)
-                if not np.array_equal(tail, stage):
-                    add(1, label + "t", Schedule("backward", tail, routes))
+                    out[i].append(_alternative(cand, label, Schedule(direction, stage, routes), spec, cluster, cost))
+                tail = _tail(cand, label, out[1][-1][2], spec, cluster, cost)
+                if tail is not None:
+                    out[1].append(tail)
     return tuple(out[0]), tuple(out[1])
 
 
 def tail_alternatives(cand: Candidate, alts: tuple, spec, cluster, cost) -> tuple:
-    """The tail variants (``hold_back_local``) of the placement's own backward schedules in ``alts`` (dcp's
-    stage counts and a static plan's own schedules; the direct ones have theirs, ``direct_alternatives``),
-    labelled ``"<stage count>t"`` (dcp-only micro grid: 20 A100 and 4 H100 batches faster, none slower)."""
-    from dcp.cost.estimate import estimate_device_ends_s
-    from dcp.schedule.stages import Schedule
-
-    out = []
-    for _, label, sched, _ in alts:
-        if isinstance(label, str):
-            continue
-        tail = hold_back_local(cand, sched.tile_stage)
-        if np.array_equal(tail, sched.tile_stage):
-            continue
-        tailed = Schedule("backward", tail, sched.routes)
-        ends = estimate_device_ends_s(spec, cluster, cand.layout, cand.tiles, cand.home, cand.tile_device, tailed, cost)
-        out.append((float(ends.max(initial=0.0)), f"{label}t", tailed, ends))
-    return tuple(out)
+    """The tail variants (``_tail``) of the placement's own backward schedules in ``alts`` (dcp's stage counts
+    and a static plan's own schedules; the direct ones have theirs, ``direct_alternatives``), labelled
+    ``"<stage count>t"`` (dcp-only micro grid: 20 A100 and 4 H100 batches faster, none slower)."""
+    tails = (_tail(cand, label, sched, spec, cluster, cost) for _, label, sched, _ in alts
+             if not isinstance(label, str))
+    return tuple(t for t in tails if t is not None)
 
 
 def one_placement(a: Candidate, b: Candidate) -> bool:
