@@ -41,7 +41,7 @@ def _extensions():
         link_flags.append("-Wl,-rpath," + os.path.join(os.path.dirname(torch.__file__), "lib"))
     cpu_sources = ["csrc/bindings.cpp", "csrc/bindings_planner.cpp", "csrc/attention_cpu.cpp",
                    "csrc/kernels_generic.cpp", "csrc/kernels_avx2.cpp", "csrc/rounds.cpp", "csrc/pieces.cpp",
-                   "csrc/sim.cpp", "csrc/estimate.cpp", "csrc/stages.cpp", "csrc/box_counts.cpp",
+                   "csrc/sim.cpp", "csrc/fill.cpp", "csrc/estimate.cpp", "csrc/stages.cpp", "csrc/box_counts.cpp",
                    "csrc/magi_place.cpp"]
     ext_modules = [
         CppExtension(

@@ -4,7 +4,13 @@
 // operation. Heaps order their entries by the whole tuple, as Python's heapq does, so events pop in the
 // same order; components are recomputed over the same flow sets (the union-find partition does not depend
 // on the order of its unions) with large ones in ascending flow order, as the Python path sorts them.
+// The progressive filling itself is in fill.cpp. Two changes keep the results and only save time: the
+// finish heap drops its stale entries once they outnumber the live ones and takes a large refresh's entries
+// in one make_heap (live keys are distinct, so they pop in the same order); a refresh's flows are ordered
+// through a bitmap when their ids are dense.
 #include "sim.h"
+
+#include "fill.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,165 +31,9 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kRel = 1e-12;   // dcp.sim.network._REL: finishes this close are simultaneous
-constexpr double kTie = 1e-9;    // _TIE: shares within this relative distance are one level
 constexpr int64_t kSmall = 24;   // dcp.sim.flows._SMALL
 
 inline double pymax0(double a) { return 0.0 > a ? 0.0 : a; }  // Python's max(a, 0.0)
-
-// Progressive filling over flows given by their resource rows (row(i) -> pointer, width, -1 padding).
-class Filler {
- public:
-  Filler(const double* cap, int64_t n_res) : cap_(cap), lid_(n_res, -1) {}
-
-  // dcp.sim.flows._max_min_small
-  void small(const std::vector<const int64_t*>& rows, int64_t w, double* rate) {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    if (n == 1) {
-      double best = kInf;
-      bool any = false;
-      const int64_t* rs = rows[0];
-      for (int64_t j = 0; j < w && rs[j] >= 0; ++j) {
-        int64_t c = 0;
-        for (int64_t q = 0; q < w && rs[q] >= 0; ++q) c += rs[q] == rs[j];
-        const double v = cap_[rs[j]] / static_cast<double>(c);
-        if (!any || v < best) best = v;  // min(): the first of equal values, the smallest
-        any = true;
-      }
-      rate[0] = any ? best : kInf;
-      return;
-    }
-    std::fill(rate, rate + n, kInf);
-    res_.clear();
-    left_.clear();
-    users_.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < w && rows[i][j] >= 0; ++j) {
-        const int64_t r = rows[i][j];
-        if (cap_[r] == kInf) continue;
-        if (lid_[r] < 0) {
-          lid_[r] = static_cast<int64_t>(res_.size());
-          res_.push_back(r);
-          left_.push_back(cap_[r]);
-          users_.emplace_back();
-        }
-        users_[lid_[r]].push_back(i);
-      }
-    }
-    frozen_.assign(n, 0);
-    const int64_t n_l = static_cast<int64_t>(res_.size());
-    int64_t live = n_l;
-    while (live > 0) {
-      double level = kInf;
-      bool first = true;
-      for (int64_t l = 0; l < n_l; ++l) {
-        if (users_[l].empty()) continue;
-        const double s = pymax0(left_[l]) / static_cast<double>(users_[l].size());
-        if (first || s < level) level = s;
-        first = false;
-      }
-      const double thr = level * (1 + kTie);
-      hit_.clear();
-      for (int64_t l = 0; l < n_l; ++l) {
-        if (users_[l].empty()) continue;
-        if (pymax0(left_[l]) / static_cast<double>(users_[l].size()) <= thr)
-          hit_.insert(hit_.end(), users_[l].begin(), users_[l].end());
-      }
-      for (int64_t i : hit_) {
-        if (frozen_[i]) continue;
-        frozen_[i] = 1;
-        rate[i] = level;
-        for (int64_t j = 0; j < w && rows[i][j] >= 0; ++j) {
-          const int64_t r = rows[i][j];
-          if (cap_[r] != kInf) left_[lid_[r]] -= level;
-        }
-      }
-      for (int64_t l = 0; l < n_l; ++l) {
-        auto& u = users_[l];
-        if (u.empty()) continue;
-        u.erase(std::remove_if(u.begin(), u.end(), [&](int64_t i) { return frozen_[i] != 0; }), u.end());
-        if (u.empty()) --live;
-      }
-    }
-    for (int64_t r : res_) lid_[r] = -1;
-  }
-
-  // dcp.sim.network.max_min_rates (padding dropped: an unlimited resource never binds)
-  void large(const std::vector<const int64_t*>& rows, int64_t w, double* rate) {
-    const int64_t n = static_cast<int64_t>(rows.size());
-    std::fill(rate, rate + n, kInf);
-    res_.clear();
-    left_.clear();
-    loc_.assign(n * w, -1);
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t j = 0; j < w && rows[i][j] >= 0; ++j) {
-        const int64_t r = rows[i][j];
-        if (lid_[r] < 0) {
-          lid_[r] = static_cast<int64_t>(res_.size());
-          res_.push_back(r);
-          left_.push_back(cap_[r]);
-        }
-        loc_[i * w + j] = lid_[r];
-      }
-    }
-    for (int64_t r : res_) lid_[r] = -1;
-    const int64_t n_l = static_cast<int64_t>(res_.size());
-    cnt_.resize(n_l);
-    share_.resize(n_l);
-    held_.resize(n_l);
-    sub_.resize(n_l);
-    fmin_.resize(n);
-    idx_.resize(n);
-    for (int64_t i = 0; i < n; ++i) idx_[i] = i;
-    while (!idx_.empty()) {
-      std::fill(cnt_.begin(), cnt_.end(), 0);
-      for (int64_t i : idx_)
-        for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) ++cnt_[loc_[i * w + j]];
-      for (int64_t l = 0; l < n_l; ++l)
-        share_[l] = cnt_[l] > 0 ? std::max(left_[l], 0.0) / static_cast<double>(std::max<int64_t>(cnt_[l], 1))
-                                : kInf;
-      bool any_finite = false;
-      for (int64_t i : idx_) {
-        double m = kInf;
-        for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) m = std::min(m, share_[loc_[i * w + j]]);
-        fmin_[i] = m;
-        any_finite = any_finite || std::isfinite(m);
-      }
-      if (!any_finite) break;
-      std::fill(held_.begin(), held_.end(), 0);
-      for (int64_t i : idx_)
-        for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) {
-          const int64_t l = loc_[i * w + j];
-          if (fmin_[i] < share_[l] * (1 - kTie)) held_[l] = 1;
-        }
-      std::fill(sub_.begin(), sub_.end(), 0.0);
-      keep_.clear();
-      for (int64_t i : idx_) {
-        bool hit = false;
-        if (std::isfinite(fmin_[i])) {
-          for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) {
-            const int64_t l = loc_[i * w + j];
-            if (!held_[l] && std::isfinite(share_[l])) hit = true;
-          }
-        }
-        if (!hit) {
-          keep_.push_back(i);
-          continue;
-        }
-        rate[i] = fmin_[i];
-        for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) sub_[loc_[i * w + j]] += fmin_[i];
-      }
-      for (int64_t l = 0; l < n_l; ++l) left_[l] -= sub_[l];
-      idx_.swap(keep_);
-    }
-  }
-
- private:
-  const double* cap_;
-  std::vector<int64_t> lid_, res_, loc_, cnt_, idx_, keep_, hit_;
-  std::vector<double> left_, share_, sub_, fmin_;
-  std::vector<std::vector<int64_t>> users_;
-  std::vector<char> frozen_, held_;
-};
 
 using Fin = std::tuple<double, int64_t, int64_t>;  // (finish time, version, flow)
 using Start = std::pair<double, int64_t>;         // (start time, flow)
@@ -452,8 +302,22 @@ class Sim {
     version_[f] += 1;
     if (fin != kInf) {
       heap_.emplace_back(fin, version_[f], f);
+      if (defer_) return;
       std::push_heap(heap_.begin(), heap_.end(), std::greater<Fin>());
+      if (heap_.size() > compact_at_) compact();
     }
+  }
+
+  // Drops stale entries (a flow's rate changed since they were pushed) once they outnumber the live ones:
+  // every refresh of a large component pushes one entry per flow, and a heap grown by millions of dead
+  // entries made each push and pop several times slower. Keys are distinct (one live entry per flow), so
+  // the live entries pop in the same order as before.
+  void compact() {
+    heap_.erase(std::remove_if(heap_.begin(), heap_.end(),
+                               [&](const Fin& e) { return std::get<1>(e) != version_[std::get<2>(e)]; }),
+                heap_.end());
+    std::make_heap(heap_.begin(), heap_.end(), std::greater<Fin>());
+    compact_at_ = std::max<size_t>(1024, 2 * heap_.size());
   }
 
   double next_finish() {
@@ -507,7 +371,7 @@ class Sim {
       t_ref_[f] = t;
     }
     const bool small = static_cast<int64_t>(flows_.size()) <= kSmall;
-    if (!small) std::sort(flows_.begin(), flows_.end());
+    if (!small) sort_flows();
     rows_.clear();
     for (int64_t f : flows_) rows_.push_back(row(f));
     new_.resize(flows_.size());
@@ -515,7 +379,36 @@ class Sim {
       fill_.small(rows_, w_, new_.data());
     else
       fill_.large(rows_, w_, new_.data());
+    // entries appended first, then heaped: one at a time when few, all at once (with the stale entries
+    // dropped) when many; the live entries' keys are distinct, so the order they pop in is the same
+    const size_t before = heap_.size();
+    defer_ = true;
     for (size_t i = 0; i < flows_.size(); ++i) set_rate(flows_[i], new_[i], t);
+    defer_ = false;
+    const size_t added = heap_.size() - before;
+    if (added * 8 > before) {
+      compact();
+    } else {
+      for (size_t i = before + 1; i <= heap_.size(); ++i)
+        std::push_heap(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(i), std::greater<Fin>());
+      if (heap_.size() > compact_at_) compact();
+    }
+  }
+
+  // flows_ in ascending order (its ids are distinct): through a bitmap over their range when dense, the
+  // usual case (the flows of one component were posted around the same rounds)
+  void sort_flows() {
+    const auto mm = std::minmax_element(flows_.begin(), flows_.end());
+    const int64_t lo = *mm.first, span = *mm.second - lo + 1;
+    if (span > 8 * static_cast<int64_t>(flows_.size())) {
+      std::sort(flows_.begin(), flows_.end());
+      return;
+    }
+    mark_.assign(span, 0);
+    for (int64_t f : flows_) mark_[f - lo] = 1;
+    size_t i = 0;
+    for (int64_t k = 0; k < span; ++k)
+      if (mark_[k]) flows_[i++] = lo + k;
   }
 
   SimParams& p_;
@@ -526,7 +419,7 @@ class Sim {
   std::vector<int64_t> mpos_;
   std::vector<double> rem_, t_ref_, rate_;
   std::vector<int64_t> version_, load_, solo_on_;
-  std::vector<char> solo_;
+  std::vector<char> solo_, mark_;
   std::vector<Fin> heap_;
   std::vector<Start> starts_;
   std::vector<int64_t> pending_, f_posted_;
@@ -535,6 +428,8 @@ class Sim {
   std::vector<const int64_t*> rows_;
   std::vector<double> new_;
   int64_t ended_since_rebuild_ = 0, active_at_rebuild_ = 0, n_rate_updates_ = 0;
+  size_t compact_at_ = 1024;
+  bool defer_ = false;
 };
 
 }  // namespace
@@ -588,18 +483,6 @@ bool simulate_streams(SimParams& p, std::string& err) {
   Sim sim(p);
   sim.run();
   return true;
-}
-
-void max_min_fill(int64_t n, int64_t width, const int64_t* res, const double* cap, int64_t n_res, bool small,
-                  double* rate) {
-  if (n == 0) return;
-  Filler fill(cap, n_res);
-  std::vector<const int64_t*> rows(n);
-  for (int64_t i = 0; i < n; ++i) rows[i] = res + i * width;
-  if (small)
-    fill.small(rows, width, rate);
-  else
-    fill.large(rows, width, rate);
 }
 
 }  // namespace dcp
