@@ -130,20 +130,20 @@ void Filler::large(const std::vector<const int64_t*>& rows, int64_t w, double* r
     for (int64_t l = 0; l < n_l; ++l)
       share_[l] = cnt_[l] > 0 ? std::max(left_[l], 0.0) / static_cast<double>(std::max<int64_t>(cnt_[l], 1))
                               : kInf;
+    // each flow's tightest share, and (same pass: it needs only that flow's) the resources it holds below
+    // their share
     bool any_finite = false;
+    std::fill(held_.begin(), held_.end(), 0);
     for (int64_t i : idx_) {
+      const int64_t* li = &loc_[i * w];
       double m = kInf;
-      for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) m = std::min(m, share_[loc_[i * w + j]]);
+      for (int64_t j = 0; j < w && li[j] >= 0; ++j) m = std::min(m, share_[li[j]]);
       fmin_[i] = m;
       any_finite = any_finite || std::isfinite(m);
+      for (int64_t j = 0; j < w && li[j] >= 0; ++j)
+        if (m < share_[li[j]] * (1 - kTie)) held_[li[j]] = 1;
     }
     if (!any_finite) break;
-    std::fill(held_.begin(), held_.end(), 0);
-    for (int64_t i : idx_)
-      for (int64_t j = 0; j < w && loc_[i * w + j] >= 0; ++j) {
-        const int64_t l = loc_[i * w + j];
-        if (fmin_[i] < share_[l] * (1 - kTie)) held_[l] = 1;
-      }
     std::fill(sub_.begin(), sub_.end(), 0.0);
     keep_.clear();
     for (int64_t i : idx_) {

@@ -7,7 +7,7 @@
 // The progressive filling itself is in fill.cpp. Two changes keep the results and only save time: the
 // finish heap drops its stale entries once they outnumber the live ones and takes a large refresh's entries
 // in one make_heap (live keys are distinct, so they pop in the same order); a refresh's flows are ordered
-// through a bitmap when their ids are dense.
+// through a bit set unless their ids are sparse.
 #include "sim.h"
 
 #include "fill.h"
@@ -395,20 +395,21 @@ class Sim {
     }
   }
 
-  // flows_ in ascending order (its ids are distinct): through a bitmap over their range when dense, the
-  // usual case (the flows of one component were posted around the same rounds)
+  // flows_ in ascending order (its ids are distinct): through a bit set over their range unless it is
+  // far sparser than a sort would cost (a component's flows were posted around the same rounds)
   void sort_flows() {
     const auto mm = std::minmax_element(flows_.begin(), flows_.end());
     const int64_t lo = *mm.first, span = *mm.second - lo + 1;
-    if (span > 8 * static_cast<int64_t>(flows_.size())) {
+    if (span > 64 * static_cast<int64_t>(flows_.size())) {
       std::sort(flows_.begin(), flows_.end());
       return;
     }
-    mark_.assign(span, 0);
-    for (int64_t f : flows_) mark_[f - lo] = 1;
+    bits_.assign((span + 63) / 64, 0);
+    for (int64_t f : flows_) bits_[(f - lo) >> 6] |= uint64_t{1} << ((f - lo) & 63);
     size_t i = 0;
-    for (int64_t k = 0; k < span; ++k)
-      if (mark_[k]) flows_[i++] = lo + k;
+    for (size_t k = 0; k < bits_.size(); ++k)
+      for (uint64_t b = bits_[k]; b != 0; b &= b - 1)
+        flows_[i++] = lo + static_cast<int64_t>(64 * k) + __builtin_ctzll(b);
   }
 
   SimParams& p_;
@@ -419,7 +420,8 @@ class Sim {
   std::vector<int64_t> mpos_;
   std::vector<double> rem_, t_ref_, rate_;
   std::vector<int64_t> version_, load_, solo_on_;
-  std::vector<char> solo_, mark_;
+  std::vector<char> solo_;
+  std::vector<uint64_t> bits_;
   std::vector<Fin> heap_;
   std::vector<Start> starts_;
   std::vector<int64_t> pending_, f_posted_;
