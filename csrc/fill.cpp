@@ -5,21 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")  // a*b+c must round twice, as in Python
-#endif
+#include "sim_fp.h"
 
 namespace dcp {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using simfp::kInf;
+using simfp::pymax0;
 constexpr double kTie = 1e-9;  // dcp.sim.flows._TIE: shares within this relative distance are one level
-
-inline double pymax0(double a) { return 0.0 > a ? 0.0 : a; }  // Python's max(a, 0.0)
 
 }  // namespace
 

@@ -20,20 +20,15 @@
 #include <utility>
 #include <vector>
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")  // a*b+c must round twice, as in Python
-#endif
+#include "sim_fp.h"
 
 namespace dcp {
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using simfp::kInf;
+using simfp::pymax0;
 constexpr double kRel = 1e-12;   // dcp.sim.network._REL: finishes this close are simultaneous
 constexpr int64_t kSmall = 24;   // dcp.sim.flows._SMALL
-
-inline double pymax0(double a) { return 0.0 > a ? 0.0 : a; }  // Python's max(a, 0.0)
 
 using Fin = std::tuple<double, int64_t, int64_t>;  // (finish time, version, flow)
 using Start = std::pair<double, int64_t>;         // (start time, flow)
