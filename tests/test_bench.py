@@ -195,12 +195,14 @@ def test_same_memory_answers_a_faster_tuned_opponent_over_budget():
     assert micro.same_memory_rows(dcp_row, [slower[0], slower[2]], cell, spec, cluster, config, cost, common) == []
 
 
-def test_megatron_summary_compares_same_memory_dcp_with_its_opponent():
-    def row(planner, fwd, bwd, batch, mem=1.05, **kw):
-        return dict(workload="megatron_mock", nodes=1, gpus_per_node=4, batch=batch, num_seqs=9, profile="a100",
-                    planner=planner, chosen=planner, fwd_ms=fwd, bwd_ms=bwd, comm_bytes_inter_node=0,
-                    memory_imbalance=mem, peak_buffer_fwd_MiB=1.0, peak_buffer_bwd_MiB=1.0, machine="m", **kw)
+def _mock_row(planner, fwd, bwd, batch, mem=1.05, **kw):
+    return dict(workload="megatron_mock", nodes=1, gpus_per_node=4, batch=batch, num_seqs=9, profile="a100",
+                planner=planner, chosen=planner, fwd_ms=fwd, bwd_ms=bwd, comm_bytes_inter_node=0,
+                memory_imbalance=mem, peak_buffer_fwd_MiB=1.0, peak_buffer_bwd_MiB=1.0, machine="m", **kw)
 
+
+def test_megatron_summary_compares_same_memory_dcp_with_its_opponent():
+    row = _mock_row
     rows = [row("megatron_dyncp", 2.0, 4.0, 0), row("best_tuned", 1.0, 2.0, 0, mem=1.7), row("dcp", 1.2, 2.4, 0),
             row(megatron_mock.SAME_MEMORY, 0.9, 1.5, 0, mem=1.6, opponent="best_tuned"),
             row("megatron_dyncp", 2.0, 4.0, 1), row("best_tuned", 1.5, 3.0, 1), row("dcp", 1.2, 2.4, 1)]
@@ -209,6 +211,40 @@ def test_megatron_summary_compares_same_memory_dcp_with_its_opponent():
     assert summary["dcp_same_memory_speedup_iter"] == round(3.0 / 2.4, 3)
     assert summary["dcp_same_memory_memory_imbalance"] == 1.6
     assert summary["dcp_speedup_iter_vs_best_tuned"] == round(mean([3.0, 4.5]) / 3.6, 3)  # same-memory rows aside
+    assert "dcp_at_megatron_memory_batches" not in summary  # no such rows
+
+
+def test_megatron_summary_prices_dcps_memory_budget():
+    """``dcp_at_megatron_memory`` rows (dcp at tuned Megatron's memory, where that exceeds dcp's budget): the
+    summary sets tuned Megatron against dcp at its memory and against dcp within its budget, over the batches
+    that have such a row only; those rows stay out of dcp's own means."""
+    row, at = _mock_row, megatron_mock.AT_MEGATRON_MEMORY
+    rows = [row("megatron_dyncp", 2.0, 4.0, 0), row("megatron_tuned", 1.0, 2.0, 0, mem=1.5), row("dcp", 0.9, 1.8, 0),
+            row(at, 0.8, 1.6, 0, mem=1.45, opponent="megatron_tuned"),
+            row("megatron_dyncp", 2.0, 4.0, 1), row("megatron_tuned", 1.0, 2.0, 1), row("dcp", 0.5, 1.0, 1)]
+    (summary,) = megatron_mock.summarize(rows)
+    assert summary["dcp_at_megatron_memory_batches"] == 1
+    assert summary["dcp_at_megatron_memory_iter_ms"] == 2.4
+    assert summary["dcp_at_megatron_memory_speedup_iter"] == round(3.0 / 2.4, 3)
+    assert summary["dcp_in_budget_speedup_iter_same_batches"] == round(3.0 / 2.7, 3)
+    assert summary["dcp_at_megatron_memory_memory_imbalance"] == 1.45
+    assert summary["dcp_iter_ms"] == round(mean([2.7, 1.5]), 4)
+
+
+def test_dcp_at_memory_rows_plan_at_the_opponents_imbalance_only_above_the_budget():
+    import dcp
+    from dcp.bench.common import dcp_config
+    from dcp.cost import CostModel
+
+    spec = dcp.BatchSpec([3000, 1200, 700, 400, 200], dcp.masks.CausalMask(), 8, 2, 64)
+    config = dcp_config("a100", DcpOptions(partitioner="greedy", block_size=256))
+    cell, common = dict(batch=0), dict(profile="a100")
+    opponent = dict(planner="megatron_tuned", memory_imbalance=1.5, fwd_ms=9.0, bwd_ms=9.0)
+    args = (cell, spec, dcp.Cluster(1, 4), config, CostModel.named("a100"), common)
+    (got,) = micro.dcp_at_memory_rows("label", opponent, *args)
+    assert got["planner"] == "label" and got["opponent"] == "megatron_tuned"
+    assert "epsilon_memory=0.5000" in got["candidates"] and got["memory_imbalance"] <= 1.5 + 1e-9
+    assert micro.dcp_at_memory_rows("label", dict(opponent, memory_imbalance=1.1), *args) == []
 
 
 def mean(xs):

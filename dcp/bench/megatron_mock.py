@@ -17,7 +17,10 @@ and ``megatron_mock_summary.csv`` (per cluster and profile: mean times and megat
 ``dcp_same_memory`` rows: where an opponent (megatron_dyncp at default or tuned knobs, the best tuned
 baseline) beats dcp while holding more tokens per device than dcp's memory budget, dcp planned again with
 that opponent's memory imbalance (as in ``dcp bench micro``); the summary's ``dcp_same_memory_speedup_iter``
-is that opponent's time over dcp's at the same memory, in those batches.
+is that opponent's time over dcp's at the same memory, in those batches. ``dcp_at_megatron_memory`` rows:
+in every batch where tuned Megatron holds more tokens per device than dcp's budget, faster or not, dcp planned
+with tuned Megatron's memory imbalance, so the summary's ``dcp_at_megatron_memory_speedup_iter`` (tuned
+Megatron's time over it, in those batches) says how much of dcp's margin its memory budget costs.
 The target set for dcp is >= 1.2x megatron_dyncp on forward + backward at >= 16 GPUs, >= 1.0 everywhere.
 """
 from __future__ import annotations
@@ -36,6 +39,8 @@ CLUSTERS = ((1, 4), (1, 8), (2, 8), (4, 8), (8, 8))
 #: the rows a ``dcp_same_memory`` row answers (``dcp.bench.micro.same_memory_rows``)
 OPPONENTS = ("megatron_dyncp", "megatron_tuned", "best_tuned")
 SAME_MEMORY = "dcp_same_memory"
+#: dcp at tuned Megatron's memory, in every batch where that exceeds dcp's budget (module docstring)
+AT_MEGATRON_MEMORY = "dcp_at_megatron_memory"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,7 @@ class MegatronMockConfig:
 
 def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
     from dcp.baselines import BASELINES, MegatronDynCPPlanner, ZigzagPlanner
-    from dcp.bench.micro import same_memory_rows
+    from dcp.bench.micro import dcp_at_memory_rows, same_memory_rows
     from dcp.bench.tuned import tune, tuned_row
     from dcp.cost import CostModel
     from dcp.data import make_batches
@@ -111,8 +116,12 @@ def run_megatron_mock(cfg: MegatronMockConfig) -> list[dict]:
                              **sim_fields(fwd, bwd), **stat_fields(plan),
                              candidates=plan.meta.get("search_candidates", ""), warnings=len(warns), **common))
             # an opponent faster only by holding more tokens per device: dcp given the same memory
-            rows.extend(same_memory_rows(rows[-1], [r for r in rows[first:] if r["planner"] in OPPONENTS], cell, spec,
+            dcp_row = rows[-1]
+            rows.extend(same_memory_rows(dcp_row, [r for r in rows[first:] if r["planner"] in OPPONENTS], cell, spec,
                                          cluster, config, cost, common))
+            for r in rows[first:]:
+                if r["planner"] == "megatron_tuned":
+                    rows.extend(dcp_at_memory_rows(AT_MEGATRON_MEMORY, r, cell, spec, cluster, config, cost, common))
             cache = {(k, id(spec), id(cluster)): v[0] for k, v in base.items()}
             cache[(f"dcp@B{config.block_size}", id(spec), id(cluster))] = plan
             auto = CachedAutoPlanner(config, block_sizes=(config.block_size,), baselines=(ZigzagPlanner(), mega),
@@ -175,6 +184,18 @@ def summarize(rows: list[dict]) -> list[dict]:
             row["dcp_same_memory_speedup_iter"] = round(sum(o["fwd_ms"] + o["bwd_ms"] for o in theirs)
                                                         / sum(r["fwd_ms"] + r["bwd_ms"] for r in same), 3)
             row["dcp_same_memory_memory_imbalance"] = round(max(float(r["memory_imbalance"]) for r in same), 3)
+        at = [r for r in sel if r["planner"] == AT_MEGATRON_MEMORY]
+        if at:  # in the batches where tuned Megatron holds more than dcp's budget: it / dcp at its memory
+            theirs = [next(o for o in sel if o["batch"] == r["batch"] and o["planner"] == "megatron_tuned") for r in at]
+            mine = [next(o for o in sel if o["batch"] == r["batch"] and o["planner"] == "dcp") for r in at]
+            row["dcp_at_megatron_memory_batches"] = len(at)
+            row["dcp_at_megatron_memory_iter_ms"] = round(mean(r["fwd_ms"] + r["bwd_ms"] for r in at), 4)
+            row["dcp_at_megatron_memory_speedup_iter"] = round(sum(o["fwd_ms"] + o["bwd_ms"] for o in theirs)
+                                                               / sum(r["fwd_ms"] + r["bwd_ms"] for r in at), 3)
+            # dcp within its budget, over the same batches
+            row["dcp_in_budget_speedup_iter_same_batches"] = round(sum(o["fwd_ms"] + o["bwd_ms"] for o in theirs)
+                                                                   / sum(r["fwd_ms"] + r["bwd_ms"] for r in mine), 3)
+            row["dcp_at_megatron_memory_memory_imbalance"] = round(max(float(r["memory_imbalance"]) for r in at), 3)
         row["machine"] = sel[0]["machine"]
         out.append(row)
     return out
@@ -213,7 +234,7 @@ def cmd_megatron(args) -> int:
     cols = ["n_gpus", "profile", "megatron_dyncp_iter_ms", "dcp_iter_ms", "dcp_speedup_iter",
             "dcp_speedup_iter_vs_megatron_tuned", "dcp_speedup_iter_vs_best_tuned", "megatron_tuned_chosen",
             "best_tuned_chosen", "megatron_dyncp_memory_imbalance", "dcp_memory_imbalance", "dcp_chosen",
-            "dcp_same_memory_speedup_iter", "dcp_same_memory_opponents"]
+            "dcp_same_memory_speedup_iter", "dcp_same_memory_opponents", "dcp_at_megatron_memory_speedup_iter"]
     print(fmt_table(summary, [c for c in cols if any(c in r for r in summary)]))
     print(f"\nmegatron mock: {time.perf_counter() - started:.0f} s on {machine()}")
     return 0

@@ -207,22 +207,29 @@ def same_memory_rows(dcp_row: dict, opponents: list[dict], cell: dict, spec, clu
     """A ``dcp_same_memory`` row when the fastest of ``opponents`` (this batch's baseline rows: at default knobs,
     the best tuned one) beats dcp while holding more resident tokens than dcp's budget: dcp planned with that
     baseline's memory imbalance (``opponent`` names it)."""
-    from dcp.planner.dcp_planner import DCPPlanner
-    from dcp.sim import simulate_both
-
     if not opponents:
         return []
     best = min(opponents, key=lambda r: r["fwd_ms"] + r["bwd_ms"])
-    if best["fwd_ms"] + best["bwd_ms"] >= dcp_row["fwd_ms"] + dcp_row["bwd_ms"] or \
-            best["memory_imbalance"] <= 1 + config.epsilon_memory + 1e-9:
+    if best["fwd_ms"] + best["bwd_ms"] >= dcp_row["fwd_ms"] + dcp_row["bwd_ms"]:
         return []
-    same = dataclasses.replace(config, epsilon_memory=float(best["memory_imbalance"]) - 1)
+    return dcp_at_memory_rows(SAME_MEMORY, best, cell, spec, cluster, config, cost, common)
+
+
+def dcp_at_memory_rows(label: str, opponent: dict, cell: dict, spec, cluster, config, cost, common) -> list[dict]:
+    """A row ``planner=label``: dcp planned with ``opponent``'s memory imbalance (its row) when that exceeds
+    dcp's budget (``config.epsilon_memory``); none otherwise. ``opponent`` names that row's planner."""
+    from dcp.planner.dcp_planner import DCPPlanner
+    from dcp.sim import simulate_both
+
+    if float(opponent["memory_imbalance"]) <= 1 + config.epsilon_memory + 1e-9:
+        return []
+    same = dataclasses.replace(config, epsilon_memory=float(opponent["memory_imbalance"]) - 1)
     plan, warns = plan_quietly(DCPPlanner(same), spec, cluster)
     fwd, bwd = simulate_both(plan, cost, record_events=False)
-    return [dict(cell, planner=SAME_MEMORY, chosen=plan.meta.get("search_chosen", "dcp"), block_size=same.block_size,
+    return [dict(cell, planner=label, chosen=plan.meta.get("search_chosen", "dcp"), block_size=same.block_size,
                  planning_time_s=round(plan.planning_time_s, 4), **sim_fields(fwd, bwd), **stat_fields(plan),
-                 candidates=f"epsilon_memory={same.epsilon_memory:.4f} ({best['planner']}'s memory)",
-                 warnings=len(warns), opponent=best["planner"], **common)]
+                 candidates=f"epsilon_memory={same.epsilon_memory:.4f} ({opponent['planner']}'s memory)",
+                 warnings=len(warns), opponent=opponent["planner"], **common)]
 
 
 def summarize(rows: list[dict], planners=(*PLANNER_NAMES, TUNED)) -> list[dict]:
