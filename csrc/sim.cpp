@@ -291,16 +291,31 @@ class Sim {
   }
 
   void set_rate(int64_t f, double r, double t) {
+    const size_t before = heap_.size();
+    append_rate(f, r, t);
+    heap_appended(before);
+  }
+
+  // set_rate's state changes, its finish entry appended to heap_ but not yet heaped (heap_appended)
+  void append_rate(int64_t f, double r, double t) {
     rate_[f] = r;
     const double left = rem_[f];
     const double fin = (left <= 0 || r == kInf) ? t : (r > 0 ? t + left / r : kInf);
     version_[f] += 1;
-    if (fin != kInf) {
-      heap_.emplace_back(fin, version_[f], f);
-      if (defer_) return;
-      std::push_heap(heap_.begin(), heap_.end(), std::greater<Fin>());
-      if (heap_.size() > compact_at_) compact();
+    if (fin != kInf) heap_.emplace_back(fin, version_[f], f);
+  }
+
+  // Heaps the entries appended from index `before` on: one at a time when few, all at once (the stale ones
+  // dropped, compact) when many, as after a large refresh; the live entries' keys are distinct, so the
+  // order they pop in is the same either way
+  void heap_appended(size_t before) {
+    if ((heap_.size() - before) * 8 > before) {
+      compact();
+      return;
     }
+    for (size_t i = before + 1; i <= heap_.size(); ++i)
+      std::push_heap(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(i), std::greater<Fin>());
+    if (heap_.size() > compact_at_) compact();
   }
 
   // Drops stale entries (a flow's rate changed since they were pushed) once they outnumber the live ones:
@@ -374,20 +389,9 @@ class Sim {
       fill_.small(rows_, w_, new_.data());
     else
       fill_.large(rows_, w_, new_.data());
-    // entries appended first, then heaped: one at a time when few, all at once (with the stale entries
-    // dropped) when many; the live entries' keys are distinct, so the order they pop in is the same
     const size_t before = heap_.size();
-    defer_ = true;
-    for (size_t i = 0; i < flows_.size(); ++i) set_rate(flows_[i], new_[i], t);
-    defer_ = false;
-    const size_t added = heap_.size() - before;
-    if (added * 8 > before) {
-      compact();
-    } else {
-      for (size_t i = before + 1; i <= heap_.size(); ++i)
-        std::push_heap(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(i), std::greater<Fin>());
-      if (heap_.size() > compact_at_) compact();
-    }
+    for (size_t i = 0; i < flows_.size(); ++i) append_rate(flows_[i], new_[i], t);
+    heap_appended(before);
   }
 
   // flows_ in ascending order (its ids are distinct): through a bit set over their range unless it is
@@ -426,7 +430,6 @@ class Sim {
   std::vector<double> new_;
   int64_t ended_since_rebuild_ = 0, active_at_rebuild_ = 0, n_rate_updates_ = 0;
   size_t compact_at_ = 1024;
-  bool defer_ = false;
 };
 
 }  // namespace
